@@ -1,0 +1,55 @@
+"""Test-only fault injection for the publisher (``publish_outbox(..., fault_hook=FailAt(...))``).
+
+Off by default: ``fault_hook`` is ``None`` unless a test passes one. A hook lives in this package,
+not in a test module, so Spark's Python workers can unpickle it by reference.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from spark_jobs.task import FAULT_POINTS
+
+
+class InjectedFault(RuntimeError):
+    """Raised by :class:`FailAt`; a plain RuntimeError so Spark treats it as any task crash."""
+
+
+@dataclass(frozen=True)
+class FailAt:
+    """Raise at ``point`` for the given attempts (and partitions; ``None`` = all).
+
+    Points: ``after_init``, ``after_check``, ``after_first_batch``, ``before_commit`` (records and
+    ledger entry flushed to the broker, not committed) and ``after_commit`` (committed, the task
+    then dies so Spark retries it).
+    """
+
+    point: str
+    attempts: frozenset[int] = frozenset({0})
+    partitions: frozenset[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.point not in FAULT_POINTS:
+            raise ValueError(f"unknown fault point {self.point!r}; one of {FAULT_POINTS}")
+
+    def __call__(self, point: str, partition: int, attempt: int) -> None:
+        if point != self.point or attempt not in self.attempts:
+            return
+        if self.partitions is not None and partition not in self.partitions:
+            return
+        raise InjectedFault(f"injected fault at {point} (partition {partition}, attempt {attempt})")
+
+
+@dataclass(frozen=True)
+class SleepAt:
+    """Sleep ``seconds`` at ``point`` for the given attempts/partitions (a slow task, for speculation)."""
+
+    point: str
+    seconds: float
+    attempts: frozenset[int] = frozenset({0})
+    partitions: frozenset[int] | None = None
+
+    def __call__(self, point: str, partition: int, attempt: int) -> None:
+        if point == self.point and attempt in self.attempts and (self.partitions is None or partition in self.partitions):
+            time.sleep(self.seconds)

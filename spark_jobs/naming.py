@@ -1,0 +1,58 @@
+"""The names the team fixed for the publisher (see the issue and the README).
+
+* transactional.id ``eosink-{job}-{run_id}-{partition}``: stable per (job, run, partition) and *not*
+  per attempt, so every attempt of a partition, retried, speculative or re-run, shares it and the
+  newest one fences the others.
+* record header ``eosink.id`` = ``{job}/{run_id}/{partition}/{sequence}`` and ``eosink.run`` = run id.
+* ledger key ``{job}/{run_id}/{partition}``; the run-complete marker uses ``{job}/{run_id}/run``.
+
+Job names and run ids are restricted to ``[A-Za-z0-9._-]``: they end up in transactional.ids, in
+ledger keys split on ``/`` and in log lines. Because ``-`` is both allowed and the transactional.id
+separator, two different (job, run) pairs can map to the same transactional.id (job ``a-b`` run ``c``
+vs job ``a`` run ``b-c``). That costs at most a spurious fencing between two concurrent jobs, never a
+duplicate or a loss: the ledger key (split on ``/``) is unambiguous and is what decides.
+"""
+
+from __future__ import annotations
+
+import re
+
+from connectors.errors import ConfigError
+
+HEADER_ID = "eosink.id"
+HEADER_RUN = "eosink.run"
+LEDGER_TOPIC = "__eosink_publish_ledger"
+RUN_MARKER = "run"
+
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+
+
+def validate_name(value: str, what: str) -> str:
+    """Return ``value`` or raise :class:`ConfigError` naming ``what`` (``job`` or ``run_id``)."""
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ConfigError(
+            f"{what} must be 1-100 characters of [A-Za-z0-9._-], got {value!r}", key=what, source="publish_outbox"
+        )
+    return value
+
+
+def transactional_id(job: str, run_id: str, partition: int) -> str:
+    return f"eosink-{job}-{run_id}-{partition}"
+
+
+def record_id_prefix(job: str, run_id: str, partition: int) -> str:
+    """``eosink.id`` without the sequence; the task appends the sequence per record."""
+    return f"{job}/{run_id}/{partition}/"
+
+
+def ledger_key(job: str, run_id: str, partition: int) -> str:
+    return f"{job}/{run_id}/{partition}"
+
+
+def run_marker_key(job: str, run_id: str) -> str:
+    return f"{job}/{run_id}/{RUN_MARKER}"
+
+
+def run_prefix(job: str, run_id: str) -> str:
+    """Prefix shared by every ledger key of one run (partition entries and the run marker)."""
+    return f"{job}/{run_id}/"

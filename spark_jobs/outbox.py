@@ -1,0 +1,122 @@
+"""What goes to which outbox topic, and the DataFrame projection the tasks consume.
+
+The encoding work (key to string, row to JSON) is done by Spark's JVM (``to_json``) before the data
+reaches Python, and the Python side receives plain Arrow columns through ``mapInArrow``: per record
+it only calls ``Producer.produce``. That is the fast path the issue asks for; there is no per-row
+Python serialisation, no ``Row`` objects and no pickling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType, StructType
+
+from spark_jobs.errors import MissingColumnError
+
+# Nulls are written as JSON null rather than dropped: sinks see the same fields in every record.
+JSON_OPTIONS = {"ignoreNullFields": "false"}
+
+
+@dataclass(frozen=True)
+class Outbox:
+    """One outbox topic of a publish; several of them share one transaction per partition.
+
+    * ``key``: column whose value (as a utf-8 string) is the record key; ``None`` uses the
+      ``key=`` of :func:`publish_outbox`.
+    * ``value``: ``None`` = JSON object of all columns of the row; a list of names = JSON object of
+      those columns; one name = that column as it is when it is a string or binary column
+      (pre-encoded, the fastest path), JSON when it is a struct, map or array, else ``{name: value}``.
+    * ``when``: a boolean column; only rows where it is true go to this topic (e.g. alerts only for
+      high balances). Rows where it is false or null are skipped.
+    * ``headers``: constant extra headers for every record of this topic.
+    """
+
+    topic: str
+    key: str | None = None
+    value: str | Sequence[str] | None = None
+    when: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CompiledOutbox:
+    """An :class:`Outbox` resolved against the projected columns (what the task needs)."""
+
+    topic: str
+    key_col: int
+    value_col: int
+    when_col: int | None
+    headers: tuple[tuple[str, bytes], ...]
+
+
+def _require(df: DataFrame, name: str, role: str) -> None:
+    if name not in df.columns:
+        raise MissingColumnError(name, list(df.columns), role=role)
+
+
+def _value_expr(df: DataFrame, value: str | Sequence[str] | None) -> Column:
+    if value is None:
+        return F.to_json(F.struct(*[df[c] for c in df.columns]), JSON_OPTIONS).cast("binary")
+    if isinstance(value, str):
+        _require(df, value, "value")
+        dtype = df.schema[value].dataType
+        if isinstance(dtype, (StringType, BinaryType)):
+            return df[value].cast("binary")
+        if isinstance(dtype, (StructType, MapType, ArrayType)):
+            return F.to_json(df[value], JSON_OPTIONS).cast("binary")
+        return F.to_json(F.struct(df[value]), JSON_OPTIONS).cast("binary")
+    names = list(value)
+    for c in names:
+        _require(df, c, "value")
+    return F.to_json(F.struct(*[df[c] for c in names]), JSON_OPTIONS).cast("binary")
+
+
+def normalize(topic: str | Outbox | Sequence[str | Outbox]) -> list[Outbox]:
+    """``publish_outbox``'s ``topic`` argument as a list of :class:`Outbox`."""
+    items = [topic] if isinstance(topic, (str, Outbox)) else list(topic)
+    out = [Outbox(t) if isinstance(t, str) else t for t in items]
+    if not out:
+        raise ValueError("publish_outbox needs at least one outbox topic")
+    return out
+
+
+def project(df: DataFrame, outboxes: Sequence[Outbox], default_key: str | None) -> tuple[DataFrame, list[CompiledOutbox]]:
+    """Validate the columns and build the ``key/value/when`` columns of every outbox.
+
+    Raises :class:`MissingColumnError` (naming the column and listing the available ones) before
+    anything touches Kafka.
+    """
+    exprs: list[Column] = []
+    compiled: list[CompiledOutbox] = []
+    for i, ob in enumerate(outboxes):
+        key = ob.key or default_key
+        if key is None:
+            raise MissingColumnError("(none given)", list(df.columns), role="key")
+        _require(df, key, "key")
+        exprs.append(df[key].cast("string").alias(f"__eo_k{i}"))
+        exprs.append(_value_expr(df, ob.value).alias(f"__eo_v{i}"))
+        when_col = None
+        if ob.when is not None:
+            _require(df, ob.when, "when")
+            exprs.append(F.coalesce(df[ob.when].cast("boolean"), F.lit(False)).alias(f"__eo_w{i}"))
+        headers = tuple((k, v.encode() if isinstance(v, str) else bytes(v)) for k, v in ob.headers.items())
+        compiled.append(CompiledOutbox(ob.topic, -1, -1, None, headers))
+    projected = df.select(*exprs)
+    names = projected.columns
+    resolved = []
+    for i, c in enumerate(compiled):
+        when_name = f"__eo_w{i}"
+        resolved.append(
+            CompiledOutbox(
+                topic=c.topic,
+                key_col=names.index(f"__eo_k{i}"),
+                value_col=names.index(f"__eo_v{i}"),
+                when_col=names.index(when_name) if when_name in names else None,
+                headers=c.headers,
+            )
+        )
+    return projected, resolved

@@ -1,0 +1,408 @@
+"""Executor side: one Spark partition published in one Kafka transaction, at most once per run.
+
+Why the order of operations makes it exactly-once
+-------------------------------------------------
+Every attempt of partition *p* of run *r* of job *j* (Spark retry, speculative copy, a zombie
+that wakes up late, a whole re-run with the same run id) uses the same transactional.id
+``eosink-j-r-p`` and writes the ledger key ``j/r/p`` as the last record of its transaction.
+
+1. ``init_transactions()`` first. The transaction coordinator serialises everything per
+   transactional.id: it bumps the producer epoch, which fences every earlier attempt (their
+   produce/commit now fail with PRODUCER_FENCED / INVALID_PRODUCER_EPOCH), and before it answers
+   it *completes* any transaction of an earlier attempt that is already in PrepareCommit and
+   *aborts* any that is still open. When it returns, no earlier attempt can commit any more and
+   every earlier attempt that did commit has its commit markers written.
+2. Only then read the ledger, with read_committed, up to the log end measured after step 1
+   (see :mod:`spark_jobs.ledger`). An earlier attempt either committed, and then its entry is below
+   that end and seen, so this attempt publishes nothing; or it did not, and then it never will.
+3. Publish records + ledger entry in one transaction and commit. A later attempt repeats 1-2.
+
+Checking *before* ``init_transactions()`` would leave a window in which an earlier attempt, not
+yet fenced, commits after the check: both would publish. Hence the docstring's insistence.
+Records of aborted or fenced attempts stay in the log but are invisible to read_committed
+consumers, which is what eosink's sinks use.
+
+Stable ``eosink.id`` headers (``job/run/partition/sequence``) are a second line of defence for
+sinks; they are identical across attempts as long as the partition's rows and their order are
+deterministic (Spark's own retry contract). The exactly-once guarantee above does not depend on it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from spark_jobs.errors import (
+    BrokerUnreachableError,
+    PublishError,
+    TaskTooLongError,
+    TransactionAbortedError,
+    TransactionFencedError,
+    TransactionTimeoutError,
+)
+from spark_jobs.ledger import LedgerEntry, entry_value, lookup_committed
+from spark_jobs.naming import HEADER_ID, HEADER_RUN, ledger_key, record_id_prefix, transactional_id
+from spark_jobs.outbox import CompiledOutbox
+
+FaultHook = Callable[[str, int, int], None]
+"""Test-only: called as ``hook(point, partition, attempt)`` at the points below; may raise."""
+
+FAULT_POINTS = ("after_init", "after_check", "after_first_batch", "before_commit", "after_commit")
+
+_FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+_UNREACHABLE_CODES = {KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN}
+
+SUMMARY_SCHEMA = pa.schema(
+    [
+        ("partition", pa.int32()),
+        ("attempt", pa.int32()),
+        ("status", pa.string()),
+        ("records", pa.int64()),
+        ("topics", pa.string()),
+        ("seconds", pa.float64()),
+        ("transactional_id", pa.string()),
+    ]
+)
+SUMMARY_DDL = (
+    "partition int, attempt int, status string, records long, topics string, seconds double, transactional_id string"
+)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a task needs, built on the driver and shipped (pickled) with the closure."""
+
+    job: str
+    run_id: str
+    producer_config: dict[str, Any]
+    outboxes: tuple[CompiledOutbox, ...]
+    ledger_topic: str
+    ledger_since: int
+    known_published: frozenset[int]
+    transaction_timeout_ms: int
+    num_partitions: int | None = None
+    init_timeout_s: float = 30.0
+    ledger_timeout_s: float = 60.0
+    budget_fraction: float = 0.8
+    fault_hook: FaultHook | None = None
+    extra_headers: tuple[tuple[str, bytes], ...] = field(default_factory=tuple)
+
+    @property
+    def bootstrap(self) -> str:
+        return str(self.producer_config.get("bootstrap.servers"))
+
+
+@dataclass
+class PartitionResult:
+    partition: int
+    attempt: int
+    status: str  # "published" or "skipped" (already in the ledger)
+    records: int
+    topics: dict[str, int]
+    seconds: float
+    transactional_id: str
+
+
+def _error(e: KafkaException, tid: str, bootstrap: str, during: str) -> Exception:
+    """Translate a librdkafka error into eosink's classes (decided by code, never by text)."""
+    err: KafkaError = e.args[0]
+    code = err.code()
+    if code in _FENCED_CODES:
+        return TransactionFencedError(tid, f"{during}: {err.str()}")
+    if code == KafkaError.INVALID_TRANSACTION_TIMEOUT:
+        return TransactionTimeoutError(f"the broker rejected the transaction timeout of '{tid}': {err.str()}")
+    if code in _UNREACHABLE_CODES and during == "init_transactions":
+        return BrokerUnreachableError(bootstrap, f"init_transactions of '{tid}': {err.str()}")
+    if err.txn_requires_abort():
+        return TransactionAbortedError(tid, f"{during}: {err.str()}")
+    if err.retriable():
+        return BrokerUnreachableError(bootstrap, f"{during} of '{tid}': {err.str()}")
+    return PublishError(f"{during} of '{tid}' failed: {err.str()}")
+
+
+class PartitionPublisher:
+    """One attempt at one partition: ``open()``, ``write()`` Arrow batches, ``commit()``.
+
+    Used by the Spark task (:func:`publish_partition`) and directly by tests that need to drive
+    two attempts by hand (the zombie test).
+    """
+
+    def __init__(self, spec: TaskSpec, partition: int, attempt: int) -> None:
+        self.spec = spec
+        self.partition = partition
+        self.attempt = attempt
+        self.tid = transactional_id(spec.job, spec.run_id, partition)
+        self._prefix = record_id_prefix(spec.job, spec.run_id, partition)
+        self._run = spec.run_id.encode()
+        self._producer: Producer | None = None
+        self._in_txn = False
+        self._began_at = 0.0
+        self._started_at = time.monotonic()
+        self.seq = 0
+        self.counts: dict[str, int] = {ob.topic: 0 for ob in spec.outboxes}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def _hook(self, point: str) -> None:
+        if self.spec.fault_hook is not None:
+            self.spec.fault_hook(point, self.partition, self.attempt)
+
+    def open(self) -> LedgerEntry | None:
+        """Fence earlier attempts, then check the ledger. Returns the committed entry if the
+        partition is already published (then nothing must be written), else ``None``."""
+        spec = self.spec
+        if self.partition in spec.known_published:
+            # The driver saw it committed; committed is forever, no need to touch the coordinator.
+            return LedgerEntry(spec.job, spec.run_id, self.partition, -1)
+        conf = {
+            **spec.producer_config,
+            "transactional.id": self.tid,
+            "transaction.timeout.ms": spec.transaction_timeout_ms,
+        }
+        conf["message.timeout.ms"] = min(int(conf.get("message.timeout.ms", 300_000)), spec.transaction_timeout_ms)
+        try:
+            self._producer = Producer(conf)
+        except KafkaException as e:
+            raise PublishError(f"invalid producer configuration for '{self.tid}': {e.args[0].str()}") from None
+        try:
+            self._producer.init_transactions(spec.init_timeout_s)
+        except KafkaException as e:
+            raise _error(e, self.tid, spec.bootstrap, "init_transactions") from None
+        self._hook("after_init")
+        entry = lookup_committed(
+            spec.producer_config,
+            spec.ledger_topic,
+            ledger_key(spec.job, spec.run_id, self.partition),
+            spec.ledger_since,
+            spec.ledger_timeout_s,
+        )
+        self._hook("after_check")
+        return entry
+
+    def _begin(self) -> None:
+        assert self._producer is not None, "open() first"
+        try:
+            self._producer.begin_transaction()
+        except KafkaException as e:
+            raise _error(e, self.tid, self.spec.bootstrap, "begin_transaction") from None
+        self._in_txn = True
+        self._began_at = time.monotonic()
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Produce one Arrow batch of projected columns into the open transaction."""
+        if not self._in_txn:
+            self._begin()
+        if batch.num_rows:
+            self._produce(batch)
+        self._check_budget()
+
+    def _produce(self, batch: pa.RecordBatch) -> None:
+        producer = self._producer
+        assert producer is not None
+        produce = producer.produce
+        prefix, run, extra = self._prefix, self._run, self.spec.extra_headers
+        seq = self.seq
+        cols = batch.columns
+        plan = []
+        for ob in self.spec.outboxes:
+            whens = cols[ob.when_col].to_pylist() if ob.when_col is not None else None
+            plan.append(
+                (ob.topic, cols[ob.key_col].to_pylist(), cols[ob.value_col].to_pylist(), whens, extra + ob.headers)
+            )
+        try:
+            if len(plan) == 1 and plan[0][3] is None and not plan[0][4]:
+                # The common case, kept tight: one topic, every row, only the two eosink headers.
+                topic, keys, values, _, _ = plan[0]
+                for key, value in zip(keys, values):
+                    hdrs = [(HEADER_ID, prefix + str(seq)), (HEADER_RUN, run)]
+                    try:
+                        produce(topic, value, key, headers=hdrs)
+                    except BufferError:
+                        self._produce_when_room(topic, value, key, hdrs)
+                    seq += 1
+                self.counts[topic] += len(keys)
+            else:
+                for i in range(batch.num_rows):
+                    for topic, keys, values, whens, more in plan:
+                        if whens is not None and not whens[i]:
+                            continue
+                        hdrs = [(HEADER_ID, prefix + str(seq)), (HEADER_RUN, run), *more]
+                        try:
+                            produce(topic, values[i], keys[i], headers=hdrs)
+                        except BufferError:
+                            self._produce_when_room(topic, values[i], keys[i], hdrs)
+                        seq += 1
+                        self.counts[topic] += 1
+        except KafkaException as e:
+            raise _error(e, self.tid, self.spec.bootstrap, "produce") from None
+        finally:
+            self.seq = seq
+        producer.poll(0)
+
+    def _produce_when_room(self, topic: str, value: Any, key: Any, hdrs: list[tuple[str, Any]]) -> None:
+        """The local queue is full: serve delivery reports until there is room (back-pressure)."""
+        assert self._producer is not None
+        while True:
+            self._producer.poll(0.05)
+            self._check_budget()
+            try:
+                self._producer.produce(topic, value, key, headers=hdrs)
+                return
+            except BufferError:
+                continue
+
+    def _check_budget(self) -> None:
+        """Abort before the coordinator does: its abort would surface later as a confusing error."""
+        if not self._in_txn:
+            return
+        elapsed = time.monotonic() - self._began_at
+        if elapsed * 1000 > self.spec.transaction_timeout_ms * self.spec.budget_fraction:
+            self.abort()
+            raise TaskTooLongError(self.tid, elapsed, self.spec.transaction_timeout_ms, self.seq)
+
+    def commit(self) -> PartitionResult:
+        """Write the ledger entry last, flush, commit. Raises a classified error on failure."""
+        if not self._in_txn:
+            self._begin()  # an empty partition still records that it is done
+        spec = self.spec
+        producer = self._producer
+        assert producer is not None
+        try:
+            producer.produce(
+                spec.ledger_topic,
+                entry_value(
+                    spec.job,
+                    spec.run_id,
+                    self.partition,
+                    self.seq,
+                    self.counts,
+                    attempt=self.attempt,
+                    num_partitions=spec.num_partitions,
+                    transactional_id=self.tid,
+                    published_at_ms=int(time.time() * 1000),
+                ),
+                ledger_key(spec.job, spec.run_id, self.partition),
+                partition=0,
+            )
+            producer.flush(spec.transaction_timeout_ms / 1000)
+            self._hook("before_commit")
+            self._commit_with_retries()
+        except KafkaException as e:
+            err = _error(e, self.tid, spec.bootstrap, "commit_transaction")
+            self._abort_quietly(err)
+            raise err from None
+        self._in_txn = False
+        self._hook("after_commit")
+        return PartitionResult(
+            self.partition,
+            self.attempt,
+            "published",
+            self.seq,
+            dict(self.counts),
+            time.monotonic() - self._started_at,
+            self.tid,
+        )
+
+    def _commit_with_retries(self, tries: int = 5) -> None:
+        """librdkafka's contract: a retriable commit error means "call commit again"."""
+        assert self._producer is not None
+        for i in range(tries):
+            try:
+                self._producer.commit_transaction(self.spec.transaction_timeout_ms / 1000)
+                return
+            except KafkaException as e:
+                err = e.args[0]
+                if not err.retriable() or err.txn_requires_abort() or err.fatal() or i == tries - 1:
+                    raise
+                time.sleep(0.2 * (i + 1))
+
+    def _abort_quietly(self, why: Exception) -> None:
+        if isinstance(why, TransactionFencedError):
+            return  # a fenced producer cannot abort; the newer epoch already did
+        try:
+            self.abort()
+        except Exception:  # noqa: BLE001 - the original error is the one to report
+            pass
+
+    def abort(self) -> None:
+        if self._producer is not None and self._in_txn:
+            self._in_txn = False
+            try:
+                self._producer.abort_transaction(30)
+            except KafkaException as e:
+                raise _error(e, self.tid, self.spec.bootstrap, "abort_transaction") from None
+
+    def close(self) -> None:
+        """Drop the producer; an open transaction is aborted (or left to the next attempt's init)."""
+        if self._producer is not None:
+            if self._in_txn:
+                self._abort_quietly(PublishError("closing"))
+            self._producer = None
+
+    def skipped(self, entry: LedgerEntry) -> PartitionResult:
+        """Nothing written; ``records``/``topics`` are what the committed attempt published
+        (``-1`` when the driver already knew, it has the numbers)."""
+        return PartitionResult(
+            self.partition,
+            self.attempt,
+            "skipped",
+            entry.records,
+            dict(entry.topics),
+            time.monotonic() - self._started_at,
+            self.tid,
+        )
+
+
+def publish_partition(spec: TaskSpec, partition: int, attempt: int, batches: Iterator[pa.RecordBatch]) -> PartitionResult:
+    """One Spark task: open (fence + ledger check), write every batch, commit."""
+    pub = PartitionPublisher(spec, partition, attempt)
+    try:
+        done = pub.open()
+        if done is not None:
+            return pub.skipped(done)
+        first = True
+        for batch in batches:
+            pub.write(batch)
+            if first:
+                pub._hook("after_first_batch")
+                first = False
+        return pub.commit()
+    finally:
+        pub.close()
+
+
+def summary_batch(result: PartitionResult) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(
+        [
+            {
+                "partition": result.partition,
+                "attempt": result.attempt,
+                "status": result.status,
+                "records": result.records,
+                "topics": json.dumps(result.topics, sort_keys=True),
+                "seconds": result.seconds,
+                "transactional_id": result.transactional_id,
+            }
+        ],
+        schema=SUMMARY_SCHEMA,
+    )
+
+
+def make_task_function(spec: TaskSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function handed to ``DataFrame.mapInArrow``: one summary row per partition."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        partition = ctx.partitionId() if ctx else 0
+        attempt = ctx.attemptNumber() if ctx else 0
+        yield summary_batch(publish_partition(spec, partition, attempt, batches))
+
+    return run

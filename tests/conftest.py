@@ -1,0 +1,90 @@
+"""Session fixtures over the real local stack (``eosink stack up``; ``make test`` starts it).
+
+Every test gets unique topic, table and ZooKeeper names from :func:`unique`, so tests never
+collide with each other or with an earlier run against the same stack.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("EOSINK_HOME", str(REPO / ".eosink"))
+
+
+@pytest.fixture(scope="session")
+def stack():
+    """The endpoints of the running stack; fails with the command to run when it is down."""
+    from worker.stack import load_endpoints
+
+    return load_endpoints()
+
+
+@pytest.fixture
+def unique(request) -> str:
+    """A short name unique to this test invocation, safe for topics, tables and znodes."""
+    base = "".join(c if c.isalnum() else "_" for c in request.node.name.lower())[:24].strip("_")
+    return f"t_{base}_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def kafka_admin(stack):
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+
+
+@pytest.fixture
+def make_topic(kafka_admin, unique) -> Iterator:
+    """``make_topic(partitions=3) -> name``: creates a topic, deleted after the test."""
+    from confluent_kafka.admin import NewTopic
+
+    created: list[str] = []
+
+    def make(partitions: int = 1, name: str | None = None) -> str:
+        topic = name or f"{unique}_{len(created)}"
+        fs = kafka_admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+        fs[topic].result(30)
+        created.append(topic)
+        return topic
+
+    yield make
+    if created:
+        for f in kafka_admin.delete_topics(created).values():
+            try:
+                f.result(30)
+            except Exception:  # noqa: BLE001 - cleanup only; the topic names are unique anyway
+                pass
+
+
+@pytest.fixture
+def pg(stack) -> Iterator:
+    """An autocommit psycopg connection to the stack's database."""
+    import psycopg
+
+    with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def zk(stack) -> Iterator:
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=stack.zookeeper_hosts, timeout=10)
+    client.start(timeout=20)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()

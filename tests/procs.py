@@ -1,0 +1,108 @@
+"""Real worker processes for the crash and cluster tests, and an outbox to count against."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class WorkerProcess:
+    """``eosink worker`` as a child process with its own log file."""
+
+    def __init__(self, stack, cluster: str, worker_id: str, log_dir: Path, *, fault: str | None = None,
+                 session_timeout: float = 4.0, extra_env: dict[str, str] | None = None) -> None:
+        self.worker_id = worker_id
+        self.log_path = log_dir / f"{worker_id}.log"
+        env = {**os.environ, "EOSINK_LOG_FORMAT": "json", "EOSINK_PG_DSN": stack.postgres_dsn, **(extra_env or {})}
+        env.pop("EOSINK_FAULT", None)
+        if fault:
+            env["EOSINK_FAULT"] = fault
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "worker.cli", "worker", "--bootstrap-servers", stack.kafka_bootstrap,
+             "--zookeeper", stack.zookeeper_hosts, "--cluster", cluster, "--worker-id", worker_id,
+             "--session-timeout", str(session_timeout)],
+            cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.returncode is not None:
+                self._log.close()
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.wait(10)
+
+    def log_text(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+
+def publish(bootstrap: str, topic: str, partitions: int, *, txns: int, per_txn: int, aborted_every: int = 0,
+            prefix: str = "r") -> tuple[set[str], set[str]]:
+    """Publish ``txns`` transactions; every ``aborted_every``-th is aborted. Returns (committed ids, aborted ids)."""
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"test-{topic}-{prefix}", "linger.ms": 5})
+    p.init_transactions(30)
+    committed: set[str] = set()
+    aborted: set[str] = set()
+    n = 0
+    for t in range(txns):
+        p.begin_transaction()
+        ids = []
+        for _ in range(per_txn):
+            rid = f"{prefix}-{n}"
+            n += 1
+            ids.append(rid)
+            p.produce(topic, value=json.dumps({"id": rid, "payload": "x" * 100}).encode(), partition=n % partitions)
+        if aborted_every and t % aborted_every == aborted_every - 1:
+            p.flush(30)
+            p.abort_transaction(30)
+            aborted.update(ids)
+        else:
+            p.commit_transaction(30)
+            committed.update(ids)
+    return committed, aborted
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.25) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def register(zk_hosts: str, cluster: str, name: str, config: dict) -> None:
+    from worker.config import parse_connector
+    from worker.runner import ConnectorStore
+    from worker.zk import ZkSession
+
+    parse_connector(name, config)  # the same validation as the CLI and the REST API
+    session = ZkSession(zk_hosts, cluster).start()
+    try:
+        ConnectorStore(session).put(name, config)
+    finally:
+        session.stop()

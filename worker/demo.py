@@ -1,0 +1,181 @@
+"""``eosink demo`` (``make demo``): Spark -> outbox -> worker -> PostgreSQL + files, then count.
+
+Each run starts clean (topic, table, decision log and output of the demo connector are reset),
+publishes a deterministic set of orders from a PySpark job in one Kafka transaction per task,
+also publishes one transaction that it aborts, registers ``configs/demo-orders.json``, runs a
+worker process until everything is delivered, and counts from PostgreSQL itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from connectors.errors import EosinkError
+
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo-orders.json"
+TOPIC = "eosink-demo-orders"
+TABLE = "demo_orders"
+CONNECTOR = "demo-orders"
+
+
+def _step(msg: str) -> None:
+    print(f"==> {msg}", flush=True)
+
+
+def _reset(ep, home: Path, partitions: int) -> None:
+    import psycopg
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from kazoo.client import KazooClient
+
+    admin = AdminClient({"bootstrap.servers": ep.kafka_bootstrap})
+    if TOPIC in admin.list_topics(timeout=10).topics:
+        admin.delete_topics([TOPIC])[TOPIC].result(30)
+        deadline = time.monotonic() + 30
+        while TOPIC in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
+            time.sleep(0.2)
+    for _ in range(50):
+        try:
+            admin.create_topics([NewTopic(TOPIC, num_partitions=partitions, replication_factor=1)])[TOPIC].result(30)
+            break
+        except Exception:  # noqa: BLE001 - deletion still settling
+            time.sleep(0.3)
+    zk = KazooClient(hosts=ep.zookeeper_hosts)
+    zk.start(timeout=20)
+    for path in (f"/eosink/default/partitions/{CONNECTOR}", f"/eosink/default/connectors/{CONNECTOR}"):
+        if zk.exists(path):
+            zk.delete(path, recursive=True)
+    zk.stop()
+    with psycopg.connect(ep.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
+        for table in ("eosink_offsets", "eosink_txn_manifest", "eosink_committed_txns"):
+            if conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0]:
+                conn.execute(f"DELETE FROM {table} WHERE connector = %s", (CONNECTOR,))
+    shutil.rmtree(home / "demo-out", ignore_errors=True)
+
+
+def _publish_aborted(bootstrap: str, n: int) -> None:
+    """One transaction that is aborted: none of it may ever be delivered."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"eosink-demo-aborted-{uuid.uuid4().hex[:8]}"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(n):
+        p.produce(TOPIC, key=f"aborted-{i}", value=json.dumps({"id": f"aborted-{i}", "customer": "nobody", "amount": 0}))
+    p.flush(30)
+    p.abort_transaction(30)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="eosink demo")
+    ap.add_argument("--orders", type=int, default=100_000)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--timeout", type=float, default=300)
+    args = ap.parse_args(argv)
+
+    from worker.stack import load_endpoints
+
+    t0 = time.monotonic()
+    ep = load_endpoints()
+    home = Path(os.environ.get("EOSINK_HOME", ".eosink")).resolve()
+    os.environ["EOSINK_HOME"] = str(home)
+    os.environ["EOSINK_PG_DSN"] = ep.postgres_dsn
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+    _step(f"resetting demo topic {TOPIC} ({args.partitions} partitions), table {TABLE}, connector state")
+    _reset(ep, home, args.partitions)
+
+    _step(f"publishing {args.orders} orders from a Spark job (one Kafka transaction per task)")
+    from pyspark.sql import SparkSession
+
+    from spark_jobs.jobs import orders
+
+    spark = (SparkSession.builder.master("local[2]").appName("eosink-demo")
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    run_id = f"demo-{uuid.uuid4().hex[:8]}"
+    published = orders.run(spark, run_id=run_id, bootstrap=ep.kafka_bootstrap, orders_topic=TOPIC,
+                           n_orders=args.orders, partitions=args.partitions)
+    spark.stop()
+    _step(f"published: {published}")
+    _publish_aborted(ep.kafka_bootstrap, 1000)
+    _step("published 1000 more records in a Kafka transaction that was aborted")
+
+    _step(f"registering {CONFIG.relative_to(Path.cwd()) if CONFIG.is_relative_to(Path.cwd()) else CONFIG}")
+    from worker.cli import main as cli_main
+
+    if cli_main(["connectors", "apply", str(CONFIG)]) != 0:
+        raise EosinkError("registering the demo connector failed", component="demo")
+
+    log_path = home / "logs" / "demo-worker.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    _step(f"running a worker until everything is delivered (log: {log_path})")
+    t_worker = time.monotonic()
+    with open(log_path, "w") as logf:
+        worker = subprocess.Popen([sys.executable, "-m", "worker.cli", "worker", "--worker-id", "demo-worker"],
+                                  stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, "EOSINK_LOG_FORMAT": "json"})
+    try:
+        counts = _wait_delivered(ep.postgres_dsn, args.orders, args.timeout, worker, log_path)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        rc = worker.wait(60)
+    delivered_s = time.monotonic() - t_worker
+    files = _count_files(home / "demo-out" / CONNECTOR / "committed")
+    ok = counts["duplicates"] == 0 and counts["missing"] == 0 and counts["from_aborted"] == 0 and files == args.orders and rc == 0
+    print()
+    print("verification (counted from PostgreSQL)")
+    print(f"  records published (committed) : {args.orders}")
+    print(f"  records in an aborted txn     : 1000")
+    print(f"  rows delivered                : {counts['rows']}")
+    print(f"  distinct ids                  : {counts['distinct']}")
+    print(f"  duplicates                    : {counts['duplicates']}")
+    print(f"  missing                       : {counts['missing']}")
+    print(f"  rows from the aborted txn     : {counts['from_aborted']}")
+    print(f"  lines in the filesystem sink  : {files}")
+    print(f"  worker exit code (SIGTERM)    : {rc}")
+    print(f"  delivery time                 : {delivered_s:.1f} s ({args.orders / max(delivered_s, 1e-9):,.0f} records/s incl. start-up)")
+    print(f"  total demo time               : {time.monotonic() - t0:.1f} s")
+    print("RESULT:", "OK - exactly once" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+def _wait_delivered(dsn: str, expected: int, timeout: float, worker: subprocess.Popen, log_path: Path) -> dict[str, int]:
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    counts = {"rows": 0, "distinct": 0, "duplicates": 0, "missing": expected, "from_aborted": 0}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            if worker.poll() is not None:
+                raise EosinkError(f"the worker exited with code {worker.returncode}", component="demo", log_file=str(log_path))
+            if conn.execute("SELECT to_regclass(%s)", (TABLE,)).fetchone()[0]:
+                rows, distinct, aborted = conn.execute(
+                    f"SELECT count(*), count(DISTINCT id), count(*) FILTER (WHERE id::text LIKE 'aborted-%%') FROM {TABLE}"
+                ).fetchone()
+                counts = {"rows": rows, "distinct": distinct, "duplicates": rows - distinct,
+                          "missing": expected - (distinct - aborted), "from_aborted": aborted}
+                if distinct >= expected:
+                    time.sleep(2 * 1.0)  # two more commit intervals: anything extra would show now
+                    rows, distinct = conn.execute(f"SELECT count(*), count(DISTINCT id) FROM {TABLE}").fetchone()
+                    counts.update(rows=rows, distinct=distinct, duplicates=rows - distinct)
+                    return counts
+            time.sleep(0.5)
+    raise EosinkError(f"not everything was delivered within {timeout:.0f} s: {counts}", component="demo", log_file=str(log_path))
+
+
+def _count_files(path: Path) -> int:
+    n = 0
+    for f in path.glob("*.jsonl"):
+        with open(f, "rb") as fh:
+            n += sum(1 for _ in fh)
+    return n

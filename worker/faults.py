@@ -1,0 +1,43 @@
+"""Fault-injection points for the process-level chaos tests.
+
+Enabled only by the environment: ``EOSINK_FAULT=<point>[:<nth>]`` kills this process with
+SIGKILL the ``nth`` time (default 1st) execution reaches ``point``. When the variable is unset
+``hit`` is a constant no-op, so production pays one attribute lookup per step.
+
+Points, in cycle order: ``begin``, ``flush``, ``pre_commit`` (first sink prepared), ``after_prepare`` (before the
+decision), ``after_decide`` (decided, nothing committed), ``mid_commit`` (first sink
+committed), ``after_commit`` (all sinks committed, consumer offsets not yet), ``recover``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+POINTS = ("begin", "flush", "pre_commit", "after_prepare", "after_decide", "mid_commit", "after_commit", "recover")
+
+
+class _Faults:
+    def __init__(self, spec: str | None) -> None:
+        self.point: str | None = None
+        self.nth = 1
+        self.seen = 0
+        if spec:
+            point, _, nth = spec.partition(":")
+            if point not in POINTS:
+                raise ValueError(f"EOSINK_FAULT: unknown point {point!r}; one of {', '.join(POINTS)}")
+            self.point = point
+            self.nth = int(nth or 1)
+
+    def hit(self, point: str) -> None:
+        if point != self.point:
+            return
+        self.seen += 1
+        if self.seen == self.nth:
+            sys.stderr.write(f"EOSINK_FAULT: killing pid {os.getpid()} at {point} #{self.seen}\n")
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+FAULTS = _Faults(os.environ.get("EOSINK_FAULT"))

@@ -1,0 +1,95 @@
+"""``eosink stack up|down|status`` (also ``python -m worker.stack``): never a bare traceback.
+
+Errors from the stack are printed as their one-paragraph message and exit 1; set
+``EOSINK_DEBUG=1`` to get the traceback of an unexpected error instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from worker.stack import manager
+from worker.stack.components import COMPONENTS
+from worker.stack.errors import StackError
+from worker.stack.layout import StackLayout
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    names = _names(args.only)
+    try:
+        if args.command == "up":
+            statuses = manager.up(names, report=_progress)
+        elif args.command == "down":
+            manager.down(names, report=_progress)
+            statuses = manager.status(names)
+        else:
+            statuses = manager.status(names)
+    except StackError as e:
+        print(f"eosink stack {args.command} failed:\n{e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"eosink stack {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the CLI promises a readable message, not a traceback
+        if os.environ.get("EOSINK_DEBUG"):
+            raise
+        print(f"eosink stack {args.command} failed unexpectedly: {type(e).__name__}: {e} "
+              "(set EOSINK_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
+    _print(statuses, as_json=args.json)
+    if args.command == "down":
+        return 0 if all(s.state == "stopped" for s in statuses) else 1
+    return 0 if all(s.state == "running" for s in statuses) else 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eosink stack",
+        description="The local stack (ZooKeeper, Kafka, PostgreSQL, S3) on 127.0.0.1, under $EOSINK_HOME/stack "
+                    "(default ./.eosink/stack). Ports: EOSINK_ZOOKEEPER_PORT, EOSINK_KAFKA_PORT, "
+                    "EOSINK_KAFKA_CONTROLLER_PORT, EOSINK_POSTGRES_PORT, EOSINK_S3_PORT.",
+    )
+    parser.add_argument("command", choices=("up", "down", "status"))
+    parser.add_argument("--json", action="store_true", help="print the status as JSON")
+    parser.add_argument("--only", action="append", metavar="COMPONENT",
+                        help=f"act on these components only (repeat or comma-separate; {', '.join(COMPONENTS)})")
+    return parser
+
+
+def _names(only: list[str] | None) -> list[str] | None:
+    if not only:
+        return None
+    return [name.strip() for item in only for name in item.split(",") if name.strip()]
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _print(statuses: list[manager.ComponentStatus], as_json: bool) -> None:
+    layout = StackLayout.for_home()
+    if as_json:
+        print(json.dumps({
+            "home": str(layout.home),
+            "endpoints_file": str(layout.endpoints_file),
+            "all_running": all(s.state == "running" for s in statuses),
+            "components": {s.name: s.to_json() for s in statuses},
+        }, indent=2))
+        return
+    rows = [("component", "state", "pid", "endpoint", "log")]
+    rows += [(s.name, s.state, str(s.pid or "-"), s.address, _short(str(s.log))) for s in statuses]
+    widths = [max(len(cell) for cell in column) for column in zip(*rows, strict=True)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    if layout.endpoints_file.exists():
+        print(f"endpoints: {_short(str(layout.endpoints_file))}")
+
+
+def _short(path: str) -> str:
+    """Paths under the working directory print relative: the table stays readable."""
+    cwd = os.getcwd() + os.sep
+    return path[len(cwd):] if path.startswith(cwd) else path

@@ -1,0 +1,496 @@
+"""The commit cycle of one connector on one worker: begin, flush, prepare, decide, commit.
+
+State of a task (transitions in the spirit of kazoo's ``SetPartitioner``)::
+
+    UNASSIGNED --assign(partitions)--> RECOVERING --all new partitions resolved--> RUNNING
+    RUNNING --cycle fenced on some partitions--> RUNNING with the rest (UNASSIGNED if none left)
+    RUNNING --new partitions--> RECOVERING --> RUNNING
+    RECOVERING/RUNNING --fatal outcome or bad record--> FAILED        (operator restarts it)
+    any --stop()--> STOPPED                         (partitions released for a prompt handoff)
+
+Outcomes of a cycle follow the failure table of ARCHITECTURE.md:
+
+=================================  ==========  =============================================
+fails at                           outcome     what happens
+=================================  ==========  =============================================
+begin / flush / prepare            ABORTED     abort every sink, rewind to the decision, retry
+decide: a compare-and-set failed   FENCED      abort, drop those partitions
+decide: refused before sending     ABORTED     abort; retry when connected
+decide: outcome unknown            (resolved)  read the log once reconnected: txn named ->
+                                               commit, else abort; session lost -> leave it
+                                               prepared for the next owner's recovery
+commit                             FATAL       after retries in place; the decision stands and
+                                               recovery (restart or next owner) commits it
+=================================  ==========  =============================================
+
+Recovery runs on every newly acquired partition after the epoch bump and before consuming:
+a prepared txn named in the decision log is committed, one that a newer epoch has fenced is
+aborted, anything else is left and reported, and its partitions are not consumed.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from connectors.errors import (
+    CommitStateUnknownError,
+    EosinkError,
+    FatalError,
+    Outcome,
+    RecordError,
+    RetryableError,
+    outcome_of,
+)
+from connectors.records import PartitionRange, SinkRecord, TopicPartition, TxnManifest
+from connectors.sink import TwoPhaseCommitSink
+from worker import metrics
+from worker.decision import DecisionLog, Grant, PartitionsFenced
+from worker.faults import FAULTS
+from worker.logging import get_logger
+from worker.source import RecordSource
+
+log = get_logger("worker.task")
+
+
+class TaskState(str, enum.Enum):
+    UNASSIGNED = "UNASSIGNED"
+    RECOVERING = "RECOVERING"
+    RUNNING = "RUNNING"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+
+class CycleOutcome(str, enum.Enum):
+    SUCCEEDED = "succeeded"
+    EMPTY = "empty"
+    ABORTED = "aborted"
+    FENCED = "fenced"
+    FATAL = "fatal"
+
+
+@dataclass
+class CycleResult:
+    outcome: CycleOutcome
+    txn_id: str | None = None
+    records: int = 0
+    nbytes: int = 0
+    error: BaseException | None = None
+
+
+@dataclass
+class TaskSettings:
+    commit_interval_s: float = 1.0
+    max_records: int = 200_000
+    max_bytes: int = 64 * 1024 * 1024
+    commit_retries: int = 8
+    backoff_initial_s: float = 0.1
+    backoff_max_s: float = 10.0
+    #: How long to wait for ZooKeeper to come back before leaving an unknown decision to recovery.
+    unknown_decision_wait_s: float = 30.0
+
+
+@dataclass
+class Unresolved:
+    """A prepared txn recovery could not decide: reported, and its partitions are held back."""
+
+    txn_id: str
+    partitions: frozenset[TopicPartition]
+    reason: str
+
+
+@dataclass
+class TaskStatus:
+    state: TaskState
+    partitions: list[str] = field(default_factory=list)
+    trace: str | None = None
+    unresolved: list[Unresolved] = field(default_factory=list)
+
+
+class Backoff:
+    """Exponential backoff with full jitter, reset on success."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self.initial, self.maximum, self.attempt = initial, maximum, 0
+
+    def next(self) -> float:
+        delay = min(self.maximum, self.initial * (2**self.attempt))
+        self.attempt += 1
+        return random.uniform(delay / 2, delay)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+def _ranges(records: Sequence[SinkRecord], grants: dict[TopicPartition, Grant]) -> tuple[PartitionRange, ...]:
+    first: dict[TopicPartition, int] = {}
+    last: dict[TopicPartition, int] = {}
+    for r in records:
+        tp = TopicPartition(r.topic, r.partition)
+        if tp not in first:
+            first[tp] = r.offset
+        last[tp] = r.offset
+    return tuple(PartitionRange(tp.topic, tp.partition, first[tp], last[tp], grants[tp].epoch) for tp in sorted(first))
+
+
+class SinkTask:
+    """Runs commit cycles for one connector over the partitions this worker holds."""
+
+    def __init__(
+        self,
+        connector: str,
+        worker_id: str,
+        sinks: Sequence[TwoPhaseCommitSink],
+        source: RecordSource,
+        decision_log: DecisionLog,
+        settings: TaskSettings | None = None,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        on_fenced: Callable[[frozenset[TopicPartition]], None] | None = None,
+    ) -> None:
+        self.connector = connector
+        self.worker_id = worker_id
+        self.sinks = list(sinks)
+        self.source = source
+        self.log = decision_log
+        self.settings = settings or TaskSettings()
+        self.sleep = sleep
+        self.on_fenced = on_fenced
+        self.state = TaskState.UNASSIGNED
+        self.trace: str | None = None
+        self.grants: dict[TopicPartition, Grant] = {}
+        self._unrecovered: set[TopicPartition] = set()
+        self.unresolved: dict[str, Unresolved] = {}
+        self._abort_pending: list[str] = []
+        self._generation: int | None = None
+        self._counter = 0
+        self._backoff = Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s)
+        self._lock = threading.RLock()
+        self._desired: set[TopicPartition] | None = None
+        self.logger = structlog.get_logger("worker.task").bind(connector=connector, worker=worker_id)
+
+    # ------------------------------------------------------------------ lifecycle
+    def open(self) -> None:
+        for sink in self.sinks:
+            sink.open()
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as exc:  # noqa: BLE001 - closing is best effort
+                self.logger.warning("sink_close_failed", sink=type(sink).__name__, error=str(exc))
+        self.source.close()
+
+    def status(self) -> TaskStatus:
+        with self._lock:
+            return TaskStatus(self.state, sorted(str(tp) for tp in self.grants), self.trace, list(self.unresolved.values()))
+
+    def _fail(self, exc: BaseException) -> None:
+        self.state = TaskState.FAILED
+        self.trace = "".join(traceback.format_exception_only(type(exc), exc)).strip() if isinstance(exc, EosinkError) else "".join(
+            traceback.format_exception(type(exc), exc, exc.__traceback__)
+        )
+        metrics.TASK_FAILED.labels(self.connector).set(1)
+        self.logger.error("task_failed", error=str(exc), error_class=type(exc).__name__)
+
+    def next_txn_id(self) -> str:
+        """``connector.worker.generation.counter``: stable, unique, and never reset on restart
+        (the generation is a fresh ZooKeeper sequence number at every acquisition)."""
+        if self._generation is None:
+            self._generation = self.log.new_generation(self.connector)
+            self._counter = 0
+        self._counter += 1
+        return f"{self.connector}.{self.worker_id}.{self._generation}.{self._counter}"
+
+    # ------------------------------------------------------------------ assignment + recovery
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """Hold exactly ``partitions``: release what is gone, acquire (epoch bump) and recover what is new."""
+        wanted = set(partitions)
+        with self._lock:
+            gone = {tp: g for tp, g in self.grants.items() if tp not in wanted}
+            if gone:
+                self.log.release(self.connector, gone)
+                for tp in gone:
+                    self.grants.pop(tp)
+                    self._unrecovered.discard(tp)
+            new = wanted - set(self.grants)
+            if new:
+                self.grants.update(self.log.acquire(self.connector, new))
+                self._generation = None  # a new generation for txns after every acquisition
+                self._unrecovered |= new
+                self.logger.info("partitions_acquired", partitions=sorted(str(tp) for tp in new),
+                                 epochs={str(tp): self.grants[tp].epoch for tp in new})
+            if self.state in (TaskState.UNASSIGNED, TaskState.RUNNING, TaskState.RECOVERING):
+                self.state = TaskState.RECOVERING if self._unrecovered else (TaskState.RUNNING if self.grants else TaskState.UNASSIGNED)
+            if self.state is not TaskState.FAILED:
+                self._recover_pending()
+                self._position()
+
+    def _position(self) -> None:
+        active = self.active_partitions()
+        self.source.assign({tp: self.grants[tp].next_offset for tp in active})
+
+    def active_partitions(self) -> list[TopicPartition]:
+        blocked = {tp for u in self.unresolved.values() for tp in u.partitions}
+        return sorted(tp for tp in self.grants if tp not in self._unrecovered and tp not in blocked)
+
+    def _recover_pending(self) -> bool:
+        """Recover newly acquired partitions; True when all are resolved (or reported)."""
+        if not self._unrecovered:
+            return True
+        FAULTS.hit("recover")
+        targets = set(self._unrecovered)
+        try:
+            found: dict[str, tuple[TxnManifest, list[TwoPhaseCommitSink]]] = {}
+            for sink in self.sinks:
+                for m in sink.recover():
+                    if m.partitions & targets or not m.ranges:
+                        found.setdefault(m.txn_id, (m, []))[1].append(sink)
+            for txn_id, (m, holders) in sorted(found.items()):
+                self._resolve(m, holders, targets)
+        except Exception as exc:  # noqa: BLE001 - classified below
+            if outcome_of(exc) is Outcome.FATAL:
+                self._fail(exc)
+            else:
+                self.logger.warning("recovery_retry", error=str(exc))
+            return False
+        self._unrecovered -= targets
+        metrics.UNRESOLVED.labels(self.connector).set(len(self.unresolved))
+        if not self._unrecovered and self.state is TaskState.RECOVERING:
+            self.state = TaskState.RUNNING if self.grants else TaskState.UNASSIGNED
+        return True
+
+    def _resolve(self, m: TxnManifest, holders: list[TwoPhaseCommitSink], targets: set[TopicPartition]) -> None:
+        lg = self.logger.bind(txn=m.txn_id)
+        if not m.ranges:
+            self._report(m.txn_id, frozenset(targets), "prepared txn without a manifest: cannot tell which partitions it covers")
+            return
+        entries = self.log.read(self.connector, m.partitions)
+        if any(e.txn == m.txn_id for e in entries.values()):
+            for sink in holders:
+                sink.recover_and_commit(m)
+            metrics.RECOVERED.labels(self.connector, "commit").inc()
+            lg.info("recovered_commit", reason="decision log names the txn")
+            self.unresolved.pop(m.txn_id, None)
+            return
+        fenced_by_us = [tp for tp in m.partitions & set(self.grants) if (m.epoch_of(tp) or 0) < self.grants[tp].epoch]
+        if fenced_by_us:
+            for sink in holders:
+                sink.recover_and_abort(m)
+            metrics.RECOVERED.labels(self.connector, "abort").inc()
+            lg.info("recovered_abort", reason="not decided, and its epoch is fenced", partitions=[str(tp) for tp in fenced_by_us])
+            self.unresolved.pop(m.txn_id, None)
+            return
+        self._report(m.txn_id, m.partitions & targets, "not in the decision log and not fenced by this worker's epoch")
+
+    def _report(self, txn_id: str, partitions: frozenset[TopicPartition], reason: str) -> None:
+        self.unresolved[txn_id] = Unresolved(txn_id, partitions, reason)
+        self.logger.error("prepared_txn_unresolved", txn=txn_id, partitions=sorted(map(str, partitions)), reason=reason)
+
+    # ------------------------------------------------------------------ the cycle
+    def run_cycle(self) -> CycleResult:
+        with self._lock:
+            if self.state is TaskState.FAILED or self.state is TaskState.STOPPED:
+                return CycleResult(CycleOutcome.EMPTY)
+            if self._abort_pending and not self._retry_aborts():
+                return CycleResult(CycleOutcome.ABORTED)
+            if self._unrecovered:
+                if not self._recover_pending():
+                    return CycleResult(CycleOutcome.ABORTED)
+                self._position()
+            if not self.active_partitions():
+                return CycleResult(CycleOutcome.EMPTY)
+            return self._cycle()
+
+    def _cycle(self) -> CycleResult:
+        s = self.settings
+        started = time.monotonic()
+        txn_id = self.next_txn_id()
+        lg = self.logger.bind(txn=txn_id)
+        FAULTS.hit("begin")
+        # -- begin + flush ------------------------------------------------------------------
+        try:
+            for sink in self.sinks:
+                sink.begin_transaction(txn_id)
+            batch = self.source.poll_batch(s.max_records, s.max_bytes, s.commit_interval_s)
+            FAULTS.hit("flush")
+            if not batch.records:
+                if batch.error is not None:
+                    self._fail(batch.error)
+                    return CycleResult(CycleOutcome.FATAL, txn_id, error=batch.error)
+                return CycleResult(CycleOutcome.EMPTY, txn_id)
+            for sink in self.sinks:
+                sink.write(batch.records)
+            # -- prepare ------------------------------------------------------------------------
+            manifest = TxnManifest(txn_id, self.connector, _ranges(batch.records, self.grants))
+            t_prepare = time.monotonic()
+            for i, sink in enumerate(self.sinks):
+                sink.pre_commit(manifest)
+                if i == 0:
+                    FAULTS.hit("pre_commit")  # one sink prepared, the others not yet
+            metrics.STEP_SECONDS.labels(self.connector, "prepare").observe(time.monotonic() - t_prepare)
+        except Exception as exc:  # noqa: BLE001 - every failure before the decision aborts
+            return self._abort_cycle(txn_id, exc)
+        FAULTS.hit("after_prepare")
+        # -- decide: the single commit point ------------------------------------------------
+        next_offsets = {r.tp: r.next_offset for r in manifest.ranges}
+        t_decide = time.monotonic()
+        try:
+            new_grants = self.log.decide(self.connector, txn_id, next_offsets, self.grants)
+        except PartitionsFenced as exc:
+            metrics.FENCED.labels(self.connector).inc()
+            lg.warning("decision_fenced", partitions=sorted(map(str, exc.partitions)))
+            self._abort_sinks(txn_id)
+            self._drop(exc.partitions)
+            return CycleResult(CycleOutcome.FENCED, txn_id, error=exc)
+        except CommitStateUnknownError as exc:
+            decided = self._resolve_unknown(txn_id, next_offsets)
+            if decided is None:
+                lg.error("decision_unknown_left_for_recovery", error=str(exc))
+                self._drop(frozenset(self.grants))
+                return CycleResult(CycleOutcome.FENCED, txn_id, error=exc)
+            if not decided:
+                return self._abort_cycle(txn_id, exc)
+            # A set_data bumps the entry's version by exactly one: our write is the one that landed.
+            new_grants = {tp: Grant(tp, self.grants[tp].epoch, off, txn_id, self.grants[tp].version + 1) for tp, off in next_offsets.items()}
+        except Exception as exc:  # noqa: BLE001 - refused before sending: nothing decided
+            return self._abort_cycle(txn_id, exc)
+        metrics.STEP_SECONDS.labels(self.connector, "decide").observe(time.monotonic() - t_decide)
+        self.grants.update(new_grants)
+        FAULTS.hit("after_decide")
+        # -- commit: the decision stands; retry in place ----------------------------------------
+        t_commit = time.monotonic()
+        for i, sink in enumerate(self.sinks):
+            if not self._commit_with_retries(sink, txn_id):
+                return CycleResult(CycleOutcome.FATAL, txn_id, len(batch.records), batch.nbytes, error=RuntimeError(self.trace))
+            if i == 0:
+                FAULTS.hit("mid_commit")
+        FAULTS.hit("after_commit")
+        metrics.STEP_SECONDS.labels(self.connector, "commit").observe(time.monotonic() - t_commit)
+        self.source.commit_offsets(next_offsets)
+        # -- done ---------------------------------------------------------------------------
+        n, nbytes = len(batch.records), batch.nbytes
+        metrics.CYCLES.labels(self.connector, CycleOutcome.SUCCEEDED.value).inc()
+        metrics.RECORDS.labels(self.connector).inc(n)
+        metrics.BYTES.labels(self.connector).inc(nbytes)
+        metrics.CYCLE_SECONDS.labels(self.connector).observe(time.monotonic() - started)
+        self._backoff.reset()
+        lg.debug("cycle_committed", records=n, bytes=nbytes)
+        if batch.error is not None:
+            # Everything before the bad record is delivered; nothing at or after it is.
+            self._fail(batch.error)
+            return CycleResult(CycleOutcome.FATAL, txn_id, n, nbytes, error=batch.error)
+        return CycleResult(CycleOutcome.SUCCEEDED, txn_id, n, nbytes)
+
+    def _abort_cycle(self, txn_id: str, exc: BaseException) -> CycleResult:
+        self._abort_sinks(txn_id)
+        if outcome_of(exc) is Outcome.FATAL:
+            self._fail(exc)
+            metrics.CYCLES.labels(self.connector, CycleOutcome.FATAL.value).inc()
+            return CycleResult(CycleOutcome.FATAL, txn_id, error=exc)
+        self.logger.warning("cycle_aborted", txn=txn_id, error=str(exc), error_class=type(exc).__name__)
+        metrics.CYCLES.labels(self.connector, CycleOutcome.ABORTED.value).inc()
+        self._position()
+        return CycleResult(CycleOutcome.ABORTED, txn_id, error=exc)
+
+    def _abort_sinks(self, txn_id: str) -> None:
+        """Abort on every sink (abort is idempotent); remember failures and retry them first."""
+        for sink in self.sinks:
+            try:
+                sink.abort(txn_id)
+            except Exception as exc:  # noqa: BLE001 - retried before the next cycle
+                self.logger.warning("abort_failed", txn=txn_id, sink=type(sink).__name__, error=str(exc))
+                if txn_id not in self._abort_pending:
+                    self._abort_pending.append(txn_id)
+
+    def _retry_aborts(self) -> bool:
+        pending, self._abort_pending = self._abort_pending, []
+        for txn_id in pending:
+            self._abort_sinks(txn_id)
+        return not self._abort_pending
+
+    def _commit_with_retries(self, sink: TwoPhaseCommitSink, txn_id: str) -> bool:
+        backoff = Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s)
+        for attempt in range(self.settings.commit_retries + 1):
+            try:
+                sink.commit(txn_id)
+                return True
+            except Exception as exc:  # noqa: BLE001 - classified
+                if outcome_of(exc) is Outcome.FATAL or attempt == self.settings.commit_retries:
+                    self._fail(FatalError(
+                        f"commit of decided txn {txn_id} failed on {type(sink).__name__}: {exc}; "
+                        "the decision stands: recovery commits it on restart or by the next owner",
+                        component=type(sink).__name__,
+                    ))
+                    metrics.CYCLES.labels(self.connector, CycleOutcome.FATAL.value).inc()
+                    return False
+                self.logger.warning("commit_retry", txn=txn_id, attempt=attempt + 1, error=str(exc))
+                self.sleep(backoff.next())
+        return False
+
+    def _resolve_unknown(self, txn_id: str, next_offsets: dict[TopicPartition, int]) -> bool | None:
+        """Read the decision log once reconnected: True decided, False not, None cannot tell in time."""
+        deadline = time.monotonic() + self.settings.unknown_decision_wait_s
+        while time.monotonic() < deadline:
+            try:
+                entries = self.log.read(self.connector, next_offsets)
+            except Exception:  # noqa: BLE001 - not reconnected yet
+                self.sleep(0.2)
+                continue
+            if all(e.txn == txn_id for e in entries.values()):
+                return True
+            return False
+        return None
+
+    def _drop(self, partitions: Iterable[TopicPartition]) -> None:
+        dropped = frozenset(partitions)
+        for tp in dropped:
+            self.grants.pop(tp, None)
+            self._unrecovered.discard(tp)
+        self._position()
+        if not self.grants and self.state is not TaskState.FAILED:
+            self.state = TaskState.UNASSIGNED
+        if self.on_fenced is not None:
+            self.on_fenced(dropped)
+
+    # ------------------------------------------------------------------ loop
+    def request_assignment(self, partitions: Iterable[TopicPartition]) -> None:
+        """Thread-safe: the task thread applies it before its next cycle (the consumer is not thread-safe)."""
+        self._desired = set(partitions)
+
+    def run(self, stop: threading.Event) -> None:
+        """Cycle until ``stop`` is set; the cycle in flight completes first (graceful SIGTERM)."""
+        structlog.contextvars.bind_contextvars(connector=self.connector)
+        while not stop.is_set():
+            try:
+                desired, self._desired = self._desired, None
+                if desired is not None and self.state is not TaskState.FAILED:
+                    self.assign(desired)
+                result = self.run_cycle()
+            except Exception as exc:  # noqa: BLE001 - a bug or an unexpected failure: fail loudly
+                self._fail(exc)
+                result = CycleResult(CycleOutcome.FATAL, error=exc)
+            if result.outcome is CycleOutcome.ABORTED:
+                stop.wait(self._backoff.next())
+            elif result.outcome is CycleOutcome.EMPTY and (self.state is not TaskState.RUNNING or not self.active_partitions()):
+                stop.wait(min(0.5, self.settings.commit_interval_s))
+            elif self.state is TaskState.FAILED:
+                stop.wait(0.5)
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._abort_pending:
+                self._retry_aborts()
+            if self.grants and self.state is not TaskState.FAILED:
+                self.log.release(self.connector, self.grants)
+            self.grants.clear()
+            self.state = TaskState.STOPPED
