@@ -63,9 +63,10 @@ INFERRED_TYPES: dict[type, str] = {
 @dataclass(frozen=True, slots=True)
 class Column:
     name: str
-    typname: str  # base type name from pg_type (domains resolved)
+    typname: str  # base type name from pg_type (domains resolved), e.g. float8
     kind: str
     notnull: bool = False
+    sqltype: str = ""  # as PostgreSQL prints it, for messages: double precision, varchar(3)
 
     @property
     def copy_type(self) -> str:
@@ -167,12 +168,13 @@ def bootstrap(conn: psycopg.Connection[Any]) -> None:
     with conn.transaction():
         lock_ddl(conn)
         for stmt in BOOKKEEPING_DDL:
-            conn.execute(stmt)  # type: ignore[arg-type] - constant text
+            conn.execute(stmt)
 
 
 # -- introspection ----------------------------------------------------------------------------
 _COLUMNS_SQL = """
-SELECT a.attname, COALESCE(bt.typname, t.typname), a.attnotnull, a.attgenerated <> '' OR a.attidentity = 'a'
+SELECT a.attname, COALESCE(bt.typname, t.typname), a.attnotnull, a.attgenerated <> '' OR a.attidentity = 'a',
+       format_type(a.atttypid, a.atttypmod)
 FROM pg_attribute a
 JOIN pg_type t ON t.oid = a.atttypid
 LEFT JOIN pg_type bt ON t.typtype = 'd' AND bt.oid = t.typbasetype
@@ -198,8 +200,8 @@ def _relation_oid(conn: psycopg.Connection[Any], schema: str | None, name: str) 
 
 def _columns(conn: psycopg.Connection[Any], oid: int) -> dict[str, Column]:
     return {
-        name: Column(name, typname, kind_of(typname, bool(generated)), bool(notnull))
-        for name, typname, notnull, generated in conn.execute(_COLUMNS_SQL, (oid,)).fetchall()
+        name: Column(name, typname, kind_of(typname, bool(generated)), bool(notnull), sqltype)
+        for name, typname, notnull, generated, sqltype in conn.execute(_COLUMNS_SQL, (oid,)).fetchall()
     }
 
 

@@ -136,10 +136,16 @@ class ConfigDef:
                 errors[key.name] = [exc.message.split(": ", 1)[-1]]
         return errors
 
-    def parse(self, config: Mapping[str, Any], *, source: str | None = None) -> dict[str, Any]:
-        """Coerce and validate ``config``; unknown keys pass through untouched (as in Connect)."""
+    def parse(self, config: Mapping[str, Any], *, source: str | None = None, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+        """Coerce and validate ``config``; unknown keys pass through untouched (as in Connect).
+
+        Keys in ``skip`` are kept as given (values that are still config-provider references,
+        which only the worker that runs the connector can resolve).
+        """
         out = dict(config)
         for key in self.keys.values():
+            if key.name in skip:
+                continue
             try:
                 out[key.name] = self._parse_one(key, config)
             except ConfigError as exc:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
@@ -97,18 +98,30 @@ class FilesystemSink(BatchingSink):
 
     @staticmethod
     def _encode(records: list[SinkRecord]) -> bytes:
-        topics: dict[str, bytes] = {}
+        # ``json.dumps(a_str)`` is exactly ``encode_basestring_ascii(a_str)`` (its default
+        # ensure_ascii path): calling the C escaper directly skips the encoder's Python frames.
+        esc = encode_basestring_ascii
+        dumps = json.dumps
+        containers = (dict, list)
+        line = b'{"topic":%s,"partition":%d,"offset":%d,"key":%s,"id":%s,"value":%s}\n'
+        # Without headers the id is "topic/partition/offset": '/' and digits need no escaping,
+        # so its JSON is the escaped topic between the same quotes.
+        line_tpo = b'{"topic":%s,"partition":%d,"offset":%d,"key":%s,"id":"%s/%d/%d","value":%s}\n'
+        topics: dict[str, tuple[bytes, bytes]] = {}
         out: list[bytes] = []
         append = out.append
-        dumps = json.dumps
         for r in records:
             t = topics.get(r.topic)
             if t is None:
-                t = topics[r.topic] = dumps(r.topic).encode()
-            key = dumps(r.key.decode("utf-8", "replace")).encode() if r.key is not None else b"null"
-            value = r.raw_value if isinstance(r.value, (dict, list)) and r.raw_value else dumps(r.value).encode()
-            rid = dumps(r.record_id).encode()
-            append(b'{"topic":%s,"partition":%d,"offset":%d,"key":%s,"id":%s,"value":%s}\n' % (t, r.partition, r.offset, key, rid, value))
+                quoted = esc(r.topic).encode()
+                t = topics[r.topic] = (quoted, quoted[1:-1])
+            key = b"null" if r.key is None else esc(r.key.decode("utf-8", "replace")).encode()
+            value = r.raw_value if isinstance(r.value, containers) and r.raw_value else dumps(r.value).encode()
+            if r.headers:
+                append(line % (t[0], r.partition, r.offset, key, esc(r.record_id).encode(), value))
+            else:
+                p, o = r.partition, r.offset
+                append(line_tpo % (t[0], p, o, key, t[1], p, o, value))
         return b"".join(out)
 
     def _epoch_path(self, tp: TopicPartition) -> Path:

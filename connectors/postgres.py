@@ -18,7 +18,7 @@ transaction *before* the two-phase transaction begins and deleted *inside* it: C
 removes it atomically with the rows becoming visible; after ROLLBACK PREPARED, ``abort`` deletes
 it. :meth:`PostgresSink.recover` lists the manifests whose GID sits in ``pg_prepared_xacts``.
 A manifest whose transaction never got prepared (a crash in between) is harmless and is
-garbage-collected after :data:`ORPHAN_MANIFEST_AGE`.
+garbage-collected by ``recover`` after :data:`connectors._pg_book.ORPHAN_MANIFEST_AGE`.
 
 **Why eosink_committed_txns.** A second ``COMMIT PREPARED`` fails with 42704 whether the
 transaction was committed or rolled back: the error cannot tell. The row inserted inside the
@@ -51,34 +51,30 @@ hide that.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg import Xid
 from psycopg.conninfo import conninfo_to_dict
 
+from connectors import _pg_book as book
 from connectors import _pg_copy as pgc
 from connectors import _pg_schema as pgs
+from connectors._pg_book import GID_PREFIX
+from connectors._pg_tables import Groups, TableCache, TableKey
 from connectors.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
 from connectors.errors import ConfigError, EosinkError, FatalError, FencedError, RecordError, RetryableError
-from connectors.records import PartitionRange, SinkRecord, TopicPartition, TxnManifest
+from connectors.records import SinkRecord, TopicPartition, TxnManifest
 from connectors.sink import BatchingSink
 
 log = logging.getLogger(__name__)
 COMPONENT = "postgres"
-GID_PREFIX = "eosink:"
 #: PostgreSQL's GID limit: "a string literal less than 200 bytes long".
 MAX_GID_BYTES = 199
-#: Manifests older than this whose transaction is not prepared are deleted by ``recover``.
-ORPHAN_MANIFEST_AGE = "15 minutes"
-#: Proofs of commit older than this are deleted by ``recover`` unless a partition still names them.
-COMMITTED_TXN_RETENTION = "7 days"
 _MAX_ATTEMPTS = 3
 T = TypeVar("T")
 
@@ -131,7 +127,8 @@ class PostgresSink(BatchingSink):
         self.pk_fields: list[str] = list(c["pk.fields"])
         self.kafka: bool = bool(c["fields.kafka"])
         if self.upsert and self.pk_mode == "none":
-            raise ConfigError("insert.mode=upsert needs a primary key: set pk.mode to record_key or record_value", key="pk.mode", source=src)
+            raise ConfigError("insert.mode=upsert needs a primary key: set pk.mode to record_key or record_value",
+                              key="pk.mode", source=src)
         if self.pk_mode == "record_value" and not self.pk_fields:
             raise ConfigError("pk.mode=record_value needs pk.fields (the value fields forming the key)", key="pk.fields", source=src)
         self._gid_check(f"{connector}.w.0.0")
@@ -139,8 +136,7 @@ class PostgresSink(BatchingSink):
         self._tx: psycopg.Connection[Any] | None = None  # the two-phase transactions only
         self._tx_state = "idle"  # idle | active | prepare-sent
         self._bootstrapped = False
-        self._tables: dict[tuple[str | None, str], pgs.Table] = {}
-        self._table_names: dict[str, tuple[str | None, str]] = {}
+        self._tables = TableCache(connector, self.config, self._with_ac)
         self.timings = CycleTimings()
 
     # -- connections ------------------------------------------------------------------------
@@ -240,6 +236,12 @@ class PostgresSink(BatchingSink):
             elif conn is self._tx:
                 self._tx = None
                 self._tx_state = "idle"
+        if isinstance(exc, psycopg.errors.LockNotAvailable):
+            return RetryableError(
+                f"{what} failed: {exc}; waited lock.timeout.ms={self.config['lock.timeout.ms']} for a lock - a prepared "
+                "transaction (see pg_prepared_xacts) or a long-running statement holds it".strip(),
+                component=COMPONENT,
+            )
         if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
             return RetryableError(f"{what} failed: {exc}".strip(), component=COMPONENT)
         return FatalError(f"{what} failed: {pgc.describe(exc)}", component=COMPONENT)
@@ -269,11 +271,11 @@ class PostgresSink(BatchingSink):
         txn = manifest.txn_id
         xid = self._xid(txn)
         t0 = time.perf_counter()
-        groups = self._group(records)
+        groups = self._tables.group(records)
         for key, (recs, values) in groups.items():
-            self._ensure_table(key, recs, values)
+            self._tables.ensure(key, recs, values)
         t1 = time.perf_counter()
-        state = self._with_ac(lambda conn: self._write_manifest(conn, manifest), "writing the manifest")
+        state = self._with_ac(lambda conn: book.write_manifest(conn, manifest, self.connector), "writing the manifest")
         self.timings = CycleTimings(manifest_ms=(time.perf_counter() - t1) * 1000, rows=len(records))
         if state is not None:
             log.info("txn %s is already %s: prepare is a no-op", txn, state)
@@ -286,16 +288,18 @@ class PostgresSink(BatchingSink):
             except pgc.NeedsDDL as need:
                 self._rollback_tx()
                 key = (need.table.schema, need.table.name)
-                self._evolve(key, *groups[key])
+                self._tables.evolve(key, *groups[key])
             except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
                 self._rollback_tx()
                 if attempt == _MAX_ATTEMPTS:
-                    raise self._abandon(manifest, FatalError(f"tables keep changing under the sink: {exc}", component=COMPONENT))
+                    raise self._abandon(manifest, FatalError(f"tables keep changing under the sink: {exc}", component=COMPONENT)) from exc
                 self._tables.clear()  # cached metadata is stale: re-check every table
                 for key, (recs, values) in groups.items():
-                    self._ensure_table(key, recs, values)
+                    self._tables.ensure(key, recs, values)
             except pgc.RowRejected as rej:
                 self._rollback_tx()
+                if attempt < _MAX_ATTEMPTS and self._tables.changed(groups):
+                    continue  # altered under us (e.g. a column type): not the record's fault
                 try:
                     named = self._locate(rej, groups)
                 except EosinkError as exc:  # a probe met a record the client-side check refuses first
@@ -303,18 +307,25 @@ class PostgresSink(BatchingSink):
                 raise self._abandon(manifest, named) from rej.error
             except (RecordError, FencedError, ConfigError) as exc:
                 self._rollback_tx()
-                raise self._abandon(manifest, exc)
+                raise self._abandon(manifest, exc) from None
             except psycopg.Error as exc:
                 conn = self._tx
+                broken = conn is None or conn.broken or conn.closed
                 err = self._error(exc, conn, f"prepare of {txn}")
                 self._rollback_tx()
+                # e.g. "insufficient data left in message" (08P01) when binary COPY meets a column
+                # whose type changed since it was cached: re-read before giving up
+                if not broken and attempt < _MAX_ATTEMPTS and self._tables.changed(groups):
+                    continue
                 raise err from exc
             except BaseException:
                 self._rollback_tx()
                 raise
-        raise self._abandon(manifest, FatalError(f"prepare of {txn}: schema changes did not settle after {_MAX_ATTEMPTS} attempts", component=COMPONENT))
+        raise self._abandon(
+            manifest, FatalError(f"prepare of {txn}: schema changes did not settle after {_MAX_ATTEMPTS} attempts", component=COMPONENT)
+        )
 
-    def _prepare_once(self, manifest: TxnManifest, xid: Xid, groups: dict[tuple[str | None, str], tuple[list[SinkRecord], list[Any]]]) -> None:
+    def _prepare_once(self, manifest: TxnManifest, xid: Xid, groups: Groups) -> None:
         conn = self._tcon()
         t0 = time.perf_counter()
         self._tx_state = "active"
@@ -328,13 +339,9 @@ class PostgresSink(BatchingSink):
             self._tx_state = "active"
             conn.tpc_begin(xid)
         with conn.cursor() as cur:
-            self._fence(cur, manifest)
+            book.fence(cur, manifest, self.connector)
             for key, (recs, values) in groups.items():
-                table = self._tables[key]
-                if self.upsert:
-                    pgc.write_upsert(cur, table, recs, values, self.kafka, self.config["auto.evolve"], self._pk(recs))
-                else:
-                    pgc.write_insert(cur, table, recs, values, self.kafka, self.config["auto.evolve"])
+                self._write(cur, key, recs, values, self.config["auto.evolve"])
         t1 = time.perf_counter()
         self._tx_state = "prepare-sent"
         conn.tpc_prepare()
@@ -370,274 +377,22 @@ class PostgresSink(BatchingSink):
     def _abandon(self, manifest: TxnManifest, exc: EosinkError) -> EosinkError:
         """Best effort: the transaction was not prepared, so its manifest can go now."""
         try:
-            self._with_ac(lambda c: c.execute("DELETE FROM eosink_txn_manifest WHERE txn_id = %s", (manifest.txn_id,)))
+            self._with_ac(lambda c: book.delete_manifest(c, manifest.txn_id), "deleting the manifest")
         except EosinkError:
             pass  # abort() or recover()'s garbage collection will do it
         return exc
 
-    def _write_manifest(self, conn: psycopg.Connection[Any], manifest: TxnManifest) -> str | None:
-        """Insert the manifest unless the txn is already prepared or committed (returned)."""
-        row = conn.execute(
-            """
-            WITH st AS (
-              SELECT EXISTS (SELECT 1 FROM pg_prepared_xacts WHERE gid = %(gid)s AND database = current_database()) AS prepared,
-                     EXISTS (SELECT 1 FROM eosink_committed_txns WHERE txn_id = %(txn)s) AS committed
-            ), ins AS (
-              INSERT INTO eosink_txn_manifest (txn_id, connector, manifest, created_at)
-              SELECT %(txn)s, %(connector)s, %(manifest)s::jsonb, now() FROM st WHERE NOT st.prepared AND NOT st.committed
-              ON CONFLICT (txn_id) DO UPDATE SET manifest = EXCLUDED.manifest, created_at = EXCLUDED.created_at
-            )
-            SELECT prepared, committed FROM st
-            """,
-            {"gid": GID_PREFIX + manifest.txn_id, "txn": manifest.txn_id, "connector": self.connector, "manifest": manifest.to_json()},
-        ).fetchone()
-        assert row is not None
-        return "committed" if row[1] else "prepared" if row[0] else None
-
-    def _fence(self, cur: psycopg.Cursor[Any], manifest: TxnManifest) -> None:
-        """Offsets + epoch per partition, proof of commit, manifest removal: one statement.
-
-        Runs first in the transaction so a zombie fails before copying anything.
-        """
-        ranges = _merge_ranges(manifest.ranges)
-        txn, conn_name = manifest.txn_id, self.connector
-        tail = (
-            " done AS (INSERT INTO eosink_committed_txns (txn_id, connector, committed_at) VALUES (%s, %s, now())),"
-            " gone AS (DELETE FROM eosink_txn_manifest WHERE txn_id = %s)"
-        )
-        tail_params = [txn, conn_name, txn]
-        if not ranges:
-            cur.execute("WITH" + tail + " SELECT 1", tail_params)
-            return
-        rows = ", ".join(["(%s, %s, %s, %s, %s, %s, now())"] * len(ranges))
-        params: list[Any] = [x for r in ranges for x in (conn_name, r.topic, r.partition, r.epoch, r.next_offset, txn)]
-        cur.execute(
-            "WITH fence AS (INSERT INTO eosink_offsets (connector, topic, partition, epoch, next_offset, txn_id, updated_at)"
-            f" VALUES {rows} ON CONFLICT (connector, topic, partition) DO UPDATE SET epoch = EXCLUDED.epoch,"
-            " next_offset = EXCLUDED.next_offset, txn_id = EXCLUDED.txn_id, updated_at = EXCLUDED.updated_at"
-            " WHERE eosink_offsets.epoch <= EXCLUDED.epoch RETURNING topic, partition),"
-            + tail + " SELECT topic, partition FROM fence",
-            params + tail_params,
-        )
-        written = {(t, p) for t, p in cur.fetchall()}
-        fenced = [r for r in ranges if (r.topic, r.partition) not in written]
-        if fenced:
-            cur.execute(
-                "SELECT topic, partition, epoch FROM eosink_offsets WHERE connector = %s AND topic = ANY(%s)",
-                (conn_name, list({r.topic for r in fenced})),
-            )
-            seen = {(t, p): e for t, p, e in cur.fetchall()}
-            what = ", ".join(f"{r.topic}-{r.partition} (epoch {r.epoch} < {seen.get((r.topic, r.partition), '?')})" for r in fenced)
-            raise FencedError(f"txn {txn}: a newer epoch already committed to {what}", component=COMPONENT)
-
-    # -- tables -----------------------------------------------------------------------------
-    def _table_key(self, topic: str) -> tuple[str | None, str]:
-        key = self._table_names.get(topic)
-        if key is None:
-            name = self.config["table.name.format"].replace("${topic}", topic.replace(".", "_").replace("-", "_"))
-            schema, dot, table = name.partition(".")
-            key = (schema, table) if dot else (None, name)
-            for part, what in ((key[0], "schema"), (key[1], "table")):
-                why = pgs.check_identifier(part, what) if part is not None else None
-                if why:
-                    raise ConfigError(f"{why} (topic {topic!r})", key="table.name.format", source=f"connector '{self.connector}'")
-            self._table_names[topic] = key
-        return key
-
-    def _group(self, records: list[SinkRecord]) -> dict[tuple[str | None, str], tuple[list[SinkRecord], list[Any]]]:
-        """Records per target table, with the values the rows are built from."""
-        if not records:
-            return {}
-        topics = set(map(attrgetter("topic"), records))
-        by_table: dict[tuple[str | None, str], list[SinkRecord]] = {}
-        if len(topics) == 1:
-            by_table[self._table_key(records[0].topic)] = records
-        else:
-            for r in records:
-                by_table.setdefault(self._table_key(r.topic), []).append(r)
-        out = {}
-        for key, recs in by_table.items():
-            if self.pk_mode == "record_key":
-                values = [self._with_key(r) for r in recs]
-            else:
-                values = list(map(attrgetter("value"), recs))
-            out[key] = (recs, values)
-        return out
-
-    def _key_fields(self, rec: SinkRecord) -> dict[str, Any]:
-        """pk.mode=record_key: the columns the Kafka key fills.
-
-        A JSON object key gives its fields (all, or those named by pk.fields); any other key (a
-        JSON scalar, or plain UTF-8 text) fills one column: pk.fields[0], else ``__key``.
-        """
-        key = rec.key
-        if key is None:
-            raise pgc.record_error(rec, "the Kafka key is null but pk.mode=record_key")
-        try:
-            obj: Any = json.loads(key)
-        except ValueError:
-            try:
-                obj = key.decode("utf-8")
-            except UnicodeDecodeError:
-                raise pgc.record_error(rec, "the Kafka key is neither JSON nor UTF-8 text (pk.mode=record_key)") from None
-        if type(obj) is dict:
-            if not self.pk_fields:
-                return obj
-            for f in self.pk_fields:
-                if f not in obj:
-                    raise pgc.record_error(rec, f"primary key field {f!r} is missing from the Kafka key", f)
-            return {f: obj[f] for f in self.pk_fields}
-        if len(self.pk_fields) > 1:
-            raise pgc.record_error(rec, f"the Kafka key is a JSON {type(obj).__name__}, not an object, but pk.fields names "
-                                        f"{len(self.pk_fields)} fields; a non-object key fills one column")
-        return {(self.pk_fields[0] if self.pk_fields else "__key"): obj}
-
-    def _with_key(self, rec: SinkRecord) -> Any:
-        """The record's value with the key's fields added (they win over same-named value fields)."""
-        v = rec.value
-        if type(v) is not dict:
-            return v  # refused later, naming the record
-        return {**v, **self._key_fields(rec)}
-
-    def _pk(self, recs: Sequence[SinkRecord]) -> list[str]:
-        """The primary key columns: pk.fields, or for record_key the fields of the first key."""
-        if self.pk_fields or self.pk_mode != "record_key" or not recs:
-            return self.pk_fields
-        return list(self._key_fields(recs[0]))
-
-    def _ensure_table(self, key: tuple[str | None, str], recs: list[SinkRecord], values: list[Any]) -> None:
-        """Before the two-phase transaction: the table exists, has the Kafka columns and the
-        first record's fields (the common case: later records have the same fields)."""
-        table = self._tables.get(key)
-        if table is None:
-            table = self._with_ac(lambda c: pgs.load_table(c, key[0], key[1], with_stage=self.upsert), "reading the table")
-            if table is None:
-                table = self._create(key, recs, values)
-            self._tables[key] = table
-            self._check_table(table, recs)
-        first = values[0] if values else None
-        if isinstance(first, dict) and any(v is not None and k not in table.columns for k, v in first.items()):
-            self._evolve(key, recs, values)
-
-    def _check_table(self, table: pgs.Table, recs: Sequence[SinkRecord]) -> None:
-        src = f"connector '{self.connector}'"
-        missing = [c for c in pgs.KAFKA_COLUMN_NAMES if self.kafka and c not in table.columns]
-        if missing:
-            if not self.config["auto.evolve"]:
-                raise ConfigError(f"table {table.display} lacks columns {', '.join(missing)}: add them, enable auto.evolve or "
-                                  "set fields.kafka=false", key="fields.kafka", source=src)
-            key = (table.schema, table.name)
-            self._with_ac(lambda c: pgs.add_columns(c, table, [kc for kc in pgs.KAFKA_COLUMNS if kc[0] in missing]), "altering the table")
-            self._tables[key] = table = self._reload(key)
-        if self.upsert:
-            pk = self._pk(recs)
-            if frozenset(pk) not in table.unique_sets:
-                raise ConfigError(f"table {table.display} has no PRIMARY KEY or UNIQUE index on exactly ({', '.join(pk)}); "
-                                  "upsert needs one for ON CONFLICT", key="pk.fields", source=src)
-
-    def _reload(self, key: tuple[str | None, str]) -> pgs.Table:
-        table = self._with_ac(lambda c: pgs.load_table(c, key[0], key[1], with_stage=self.upsert), "reading the table")
-        if table is None:
-            raise RetryableError(f"table {'.'.join(p for p in key if p)} disappeared while the sink was altering it", component=COMPONENT)
-        return table
-
-    def _create(self, key: tuple[str | None, str], recs: list[SinkRecord], values: list[Any]) -> pgs.Table:
-        display = ".".join(p for p in key if p)
-        if not self.config["auto.create"]:
-            raise ConfigError(f"table {display} does not exist and auto.create is false", key="auto.create",
-                              source=f"connector '{self.connector}'")
-        for r, v in zip(recs, values):
-            if type(v) is not dict:
-                raise pgc.non_object_error(r, v)
-        pk = self._pk(recs) if self.pk_mode != "none" else []
-        if pk:
-            pgc.latest_per_key(recs, values, pk)  # names the first record lacking a key field
-        inferred = pgs.infer_types(values, pgs.KAFKA_COLUMN_NAMES if self.kafka else ())
-        self._check_names(inferred, recs, values)
-        columns = list(inferred.items()) + (list(pgs.KAFKA_COLUMNS) if self.kafka else [])
-        table = pgs.Table(key[0], key[1])
-        self._with_ac(lambda c: pgs.create_table(c, table, columns, pk), "creating the table")
-        log.info("created table %s with columns %s", display, ", ".join(f"{c} {t}" for c, t in columns))
-        return self._reload(key)
-
-    def _evolve(self, key: tuple[str | None, str], recs: list[SinkRecord], values: list[Any]) -> None:
+    def _write(self, cur: psycopg.Cursor[Any], key: TableKey, recs: list[SinkRecord], values: list[Any], evolve: bool) -> None:
         table = self._tables[key]
-        new = pgs.infer_types(values, table.columns)
-        if not new:
-            return
-        if not self.config["auto.evolve"]:
-            for r, v in zip(recs, values):
-                if type(v) is dict:
-                    for k, x in v.items():
-                        if x is not None and k in new:
-                            raise pgc.record_error(r, f"{table.display} has no column {k!r} and auto.evolve is false", k)
-        self._check_names(new, recs, values)
-        self._with_ac(lambda c: pgs.add_columns(c, table, list(new.items())), "altering the table")
-        log.info("added columns to %s: %s", table.display, ", ".join(f"{c} {t}" for c, t in new.items()))
-        self._tables[key] = self._reload(key)
+        if self.upsert:
+            pgc.write_upsert(cur, table, recs, values, self.kafka, evolve, self._tables.pk(recs))
+        else:
+            pgc.write_insert(cur, table, recs, values, self.kafka, evolve)
 
-    @staticmethod
-    def _check_names(columns: Mapping[str, str], recs: list[SinkRecord], values: list[Any]) -> None:
-        for name in columns:
-            why = pgs.check_identifier(name, "field")
-            if why:
-                rec = next(r for r, v in zip(recs, values) if isinstance(v, dict) and name in v)
-                raise pgc.record_error(rec, why, name)
-
-    def _locate(self, rej: pgc.RowRejected, groups: dict[tuple[str | None, str], tuple[list[SinkRecord], list[Any]]]) -> EosinkError:
-        """Name the record PostgreSQL refused: the line its COPY error points at, else bisection.
-
-        Each probe replays a subset in a transaction that is always rolled back (constraints
-        checked immediately), so nothing of the batch becomes visible.
-        """
-        table = rej.table
-        recs, values = groups[(table.schema, table.name)]
-        columns = list(table.columns)
-
-        def probe(idx: Sequence[int]) -> psycopg.Error | None:
-            sub_r, sub_v = [recs[i] for i in idx], [values[i] for i in idx]
-
-            def run(conn: psycopg.Connection[Any]) -> psycopg.Error | None:
-                try:
-                    with conn.transaction(force_rollback=True), conn.cursor() as cur:
-                        cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
-                        if self.upsert:
-                            pgc.write_upsert(cur, table, sub_r, sub_v, self.kafka, False, self._pk(recs))
-                        else:
-                            pgc.write_insert(cur, table, sub_r, sub_v, self.kafka, False)
-                except pgc.RowRejected as r:
-                    return r.error
-                except (psycopg.DataError, psycopg.IntegrityError) as e:
-                    return e
-                return None
-
-            return self._with_ac(run, "locating the refused record")
-
-        def named(rec: SinkRecord, err: psycopg.Error) -> RecordError:
-            return pgc.record_error(rec, f"{table.display} refused the row: {pgc.describe(err)}", pgc.error_column(err, columns))
-
-        index = {id(r): i for i, r in enumerate(recs)}
-        if rej.suspect is not None and id(rej.suspect) in index:
-            err = probe([index[id(rej.suspect)]])
-            if err is not None:
-                return named(rej.suspect, err)
-        cands = list(range(len(recs)))
-        err = probe(cands)
-        while err is not None and len(cands) > 1:
-            half = len(cands) // 2
-            for part in (cands[:half], cands[half:]):
-                e = probe(part)
-                if e is not None:
-                    cands, err = part, e
-                    break
-            else:
-                break  # each half passes alone: the rows conflict only together
-        if err is not None and len(cands) == 1:
-            return named(recs[cands[0]], err)
-        if rej.suspect is not None:
-            return named(rej.suspect, rej.error)
-        return FatalError(f"{table.display} refused the batch: {pgc.describe(rej.error)}; it could not be narrowed to one record",
-                          component=COMPONENT)
+    def _locate(self, rej: pgc.RowRejected, groups: Groups) -> EosinkError:
+        key = (rej.table.schema, rej.table.name)
+        recs, values = groups[key]
+        return pgc.locate(rej, recs, values, lambda cur, r, v: self._write(cur, key, r, v, False), self._with_ac)
 
     # -- commit / abort / recover ---------------------------------------------------------
     def commit(self, txn_id: str) -> None:
@@ -656,7 +411,7 @@ class PostgresSink(BatchingSink):
             try:
                 conn.tpc_commit(xid)
             except psycopg.errors.UndefinedObject:
-                if conn.execute("SELECT 1 FROM eosink_committed_txns WHERE txn_id = %s", (txn_id,)).fetchone() is None:
+                if not book.is_committed(conn, txn_id):
                     raise FatalError(
                         f"decided txn {txn_id} is gone from the database: it was rolled back by someone "
                         f"(no prepared transaction '{GID_PREFIX}{txn_id}' and no row in eosink_committed_txns); "
@@ -681,7 +436,7 @@ class PostgresSink(BatchingSink):
                 conn.tpc_rollback(xid)
             except psycopg.errors.UndefinedObject:
                 pass
-            conn.execute("DELETE FROM eosink_txn_manifest WHERE txn_id = %s", (txn_id,))
+            book.delete_manifest(conn, txn_id)
 
         self._with_ac(run, f"abort of {txn_id}")
 
@@ -696,22 +451,8 @@ class PostgresSink(BatchingSink):
         """
 
         def run(conn: psycopg.Connection[Any]) -> list[tuple[str, str | None, str | None]]:
-            rows = conn.execute(
-                "SELECT p.gid, m.connector, m.manifest::text FROM pg_prepared_xacts p"
-                " LEFT JOIN eosink_txn_manifest m ON m.txn_id = substr(p.gid, %s)"
-                " WHERE p.database = current_database() AND starts_with(p.gid, %s) ORDER BY p.prepared, p.gid",
-                (len(GID_PREFIX) + 1, GID_PREFIX),
-            ).fetchall()
-            conn.execute(
-                "DELETE FROM eosink_txn_manifest m WHERE connector = %s AND created_at < now() - %s::interval"
-                " AND NOT EXISTS (SELECT 1 FROM pg_prepared_xacts p WHERE p.gid = %s || m.txn_id)",
-                (self.connector, ORPHAN_MANIFEST_AGE, GID_PREFIX),
-            )
-            conn.execute(
-                "DELETE FROM eosink_committed_txns c WHERE connector = %s AND committed_at < now() - %s::interval"
-                " AND NOT EXISTS (SELECT 1 FROM eosink_offsets o WHERE o.connector = c.connector AND o.txn_id = c.txn_id)",
-                (self.connector, COMMITTED_TXN_RETENTION),
-            )
+            rows = book.prepared_manifests(conn)
+            book.collect_garbage(conn, self.connector)
             return rows
 
         out: list[TxnManifest] = []
@@ -720,7 +461,11 @@ class PostgresSink(BatchingSink):
             txn_id = gid[len(GID_PREFIX):]
             if connector is not None:
                 if connector == self.connector:
-                    out.append(TxnManifest.from_json(text) if text else TxnManifest(txn_id, connector))
+                    try:
+                        out.append(TxnManifest.from_json(text or ""))
+                    except (ValueError, KeyError, TypeError) as exc:
+                        log.warning("prepared transaction %s has an unreadable manifest (%s): left for an operator", gid, exc)
+                        out.append(TxnManifest(txn_id, self.connector, ()))
             elif gid.startswith(prefix):
                 log.warning("prepared transaction %s has no manifest: cannot tell its partitions; left for an operator", gid)
                 out.append(TxnManifest(txn_id, self.connector, ()))
@@ -728,22 +473,5 @@ class PostgresSink(BatchingSink):
 
     def read_offsets(self, connector: str | None = None) -> dict[TopicPartition, tuple[int, int]]:
         """Committed ``(epoch, next_offset)`` per partition of ``connector`` (default: this one)."""
-        rows = self._with_ac(
-            lambda c: c.execute(
-                "SELECT topic, partition, epoch, next_offset FROM eosink_offsets WHERE connector = %s",
-                (connector or self.connector,),
-            ).fetchall(),
-            "reading offsets",
-        )
-        return {TopicPartition(t, int(p)): (int(e), int(n)) for t, p, e, n in rows}
+        return self._with_ac(lambda c: book.read_offsets(c, connector or self.connector), "reading offsets")
 
-
-def _merge_ranges(ranges: Sequence[PartitionRange]) -> list[PartitionRange]:
-    """One range per partition (the upsert may touch each offsets row once per statement)."""
-    merged: dict[tuple[str, int], PartitionRange] = {}
-    for r in ranges:
-        m = merged.get((r.topic, r.partition))
-        merged[(r.topic, r.partition)] = r if m is None else PartitionRange(
-            r.topic, r.partition, min(m.first_offset, r.first_offset), max(m.last_offset, r.last_offset), max(m.epoch, r.epoch)
-        )
-    return list(merged.values())

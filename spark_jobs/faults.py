@@ -6,6 +6,7 @@ not in a test module, so Spark's Python workers can unpickle it by reference.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -22,12 +23,14 @@ class FailAt:
 
     Points: ``after_init``, ``after_check``, ``after_first_batch``, ``before_commit`` (records and
     ledger entry flushed to the broker, not committed) and ``after_commit`` (committed, the task
-    then dies so Spark retries it).
+    then dies so Spark retries it). ``crash=True`` exits the Python worker on the spot, like a
+    killed executor: the open transaction is left for the next attempt's ``init_transactions``.
     """
 
     point: str
     attempts: frozenset[int] = frozenset({0})
     partitions: frozenset[int] | None = None
+    crash: bool = False  # kill the Python worker (no abort, no cleanup) instead of raising
 
     def __post_init__(self) -> None:
         if self.point not in FAULT_POINTS:
@@ -38,6 +41,8 @@ class FailAt:
             return
         if self.partitions is not None and partition not in self.partitions:
             return
+        if self.crash:
+            os._exit(70)
         raise InjectedFault(f"injected fault at {point} (partition {partition}, attempt {attempt})")
 
 
@@ -53,3 +58,14 @@ class SleepAt:
     def __call__(self, point: str, partition: int, attempt: int) -> None:
         if point == self.point and attempt in self.attempts and (self.partitions is None or partition in self.partitions):
             time.sleep(self.seconds)
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Several hooks in order, e.g. one slow partition and one failing partition in one job."""
+
+    hooks: tuple
+
+    def __call__(self, point: str, partition: int, attempt: int) -> None:
+        for hook in self.hooks:
+            hook(point, partition, attempt)

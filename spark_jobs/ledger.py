@@ -60,6 +60,7 @@ class LedgerEntry:
     records: int
     topics: dict[str, int] = field(default_factory=dict)
     num_partitions: int | None = None
+    call_id: str | None = None
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> LedgerEntry:
@@ -71,6 +72,7 @@ class LedgerEntry:
             records=int(d.get("records", 0)),
             topics=dict(d.get("topics") or {}),
             num_partitions=d.get("num_partitions"),
+            call_id=d.get("call_id"),
         )
 
 

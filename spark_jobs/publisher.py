@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ from spark_jobs.errors import PartitioningChangedError, PublishError, from_task_
 from spark_jobs.ledger import RunState, entry_value, read_run
 from spark_jobs.naming import LEDGER_TOPIC, run_marker_key, validate_name
 from spark_jobs.outbox import Outbox, normalize, project
-from spark_jobs.task import SUMMARY_DDL, FaultHook, PartitionResult, TaskSpec, make_task_function
+from spark_jobs.task import NEW_IN_THIS_CALL, SUMMARY_DDL, FaultHook, PartitionResult, TaskSpec, make_task_function
 
 log = logging.getLogger("eosink.spark")
 
@@ -159,6 +160,7 @@ def publish_outbox(
         num_partitions=partitions,
         ledger_timeout_s=ledger_timeout_s,
         fault_hook=fault_hook,
+        call_id=uuid.uuid4().hex,
         extra_headers=tuple((k, v.encode() if isinstance(v, str) else bytes(v)) for k, v in (headers or {}).items()),
     )
     try:
@@ -183,12 +185,12 @@ def publish_outbox(
     if stale:
         raise PartitioningChangedError(job, run_id, max(stale) + 1, n)
 
-    published = [r for r in results if r.status == "published"]
+    published = [r for r in results if r.status in NEW_IN_THIS_CALL]
     topics = _sum_topics(r.topics for r in published)
     run_records, run_topic_maps = 0, []
     for r in results:
         earlier = state.entries.get(r.partition)
-        if r.status == "skipped" and r.records < 0 and earlier is not None:
+        if r.records < 0 and earlier is not None:
             run_records += max(earlier.records, 0)
             run_topic_maps.append(earlier.topics)
         else:

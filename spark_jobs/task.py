@@ -55,6 +55,11 @@ FaultHook = Callable[[str, int, int], None]
 
 FAULT_POINTS = ("after_init", "after_check", "after_first_batch", "before_commit", "after_commit")
 
+PUBLISHED = "published"  # this attempt committed the partition
+COMMITTED_BY_EARLIER_ATTEMPT = "committed_by_earlier_attempt"  # same call, an earlier attempt committed
+SKIPPED = "skipped"  # an earlier call with the same run id committed it
+NEW_IN_THIS_CALL = (PUBLISHED, COMMITTED_BY_EARLIER_ATTEMPT)
+
 _FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 _UNREACHABLE_CODES = {KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN}
 
@@ -92,6 +97,7 @@ class TaskSpec:
     budget_fraction: float = 0.8
     fault_hook: FaultHook | None = None
     extra_headers: tuple[tuple[str, bytes], ...] = field(default_factory=tuple)
+    call_id: str = ""  # one per publish_outbox call: tells "an earlier attempt of this call" apart
 
     @property
     def bootstrap(self) -> str:
@@ -102,7 +108,7 @@ class TaskSpec:
 class PartitionResult:
     partition: int
     attempt: int
-    status: str  # "published" or "skipped" (already in the ledger)
+    status: str  # PUBLISHED, COMMITTED_BY_EARLIER_ATTEMPT or SKIPPED
     records: int
     topics: dict[str, int]
     seconds: float
@@ -270,6 +276,7 @@ class PartitionPublisher:
         """Write the ledger entry last, flush, commit. Raises a classified error on failure."""
         if not self._in_txn:
             self._begin()  # an empty partition still records that it is done
+        self._check_budget()
         spec = self.spec
         producer = self._producer
         assert producer is not None
@@ -285,6 +292,7 @@ class PartitionPublisher:
                     attempt=self.attempt,
                     num_partitions=spec.num_partitions,
                     transactional_id=self.tid,
+                    call_id=spec.call_id,
                     published_at_ms=int(time.time() * 1000),
                 ),
                 ledger_key(spec.job, spec.run_id, self.partition),
@@ -302,7 +310,7 @@ class PartitionPublisher:
         return PartitionResult(
             self.partition,
             self.attempt,
-            "published",
+            PUBLISHED,
             self.seq,
             dict(self.counts),
             time.monotonic() - self._started_at,
@@ -348,10 +356,11 @@ class PartitionPublisher:
     def skipped(self, entry: LedgerEntry) -> PartitionResult:
         """Nothing written; ``records``/``topics`` are what the committed attempt published
         (``-1`` when the driver already knew, it has the numbers)."""
+        same_call = bool(self.spec.call_id) and entry.call_id == self.spec.call_id
         return PartitionResult(
             self.partition,
             self.attempt,
-            "skipped",
+            COMMITTED_BY_EARLIER_ATTEMPT if same_call else SKIPPED,
             entry.records,
             dict(entry.topics),
             time.monotonic() - self._started_at,

@@ -100,7 +100,7 @@ def register(zk_hosts: str, cluster: str, name: str, config: dict) -> None:
     from worker.runner import ConnectorStore
     from worker.zk import ZkSession
 
-    parse_connector(name, config)  # the same validation as the CLI and the REST API
+    parse_connector(name, config, resolve=False)  # the same validation as the CLI and the REST API
     session = ZkSession(zk_hosts, cluster).start()
     try:
         ConnectorStore(session).put(name, config)

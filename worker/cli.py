@@ -99,7 +99,7 @@ def cmd_connectors(args: argparse.Namespace) -> int:
     try:
         store = ConnectorStore(session)
         if args.action == "apply":
-            configs = [load_connector_file(f) for f in args.files]  # validate all before writing any
+            configs = [load_connector_file(f, resolve=False) for f in args.files]  # validate all before writing any
             for cfg in configs:
                 created = store.put(cfg.name, cfg.raw)
                 print(f"{'created' if created else 'updated'} connector {cfg.name}")

@@ -143,7 +143,10 @@ class ConnectorConfig:
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,99}$")
 
 
-def parse_connector(name: Any, config: Any, *, source: str | None = None) -> ConnectorConfig:
+def parse_connector(name: Any, config: Any, *, source: str | None = None, resolve: bool = True) -> ConnectorConfig:
+    """Validate a registration. ``resolve=False`` is for where it is registered (CLI, REST):
+    ``${env:..}``/``${file:..}`` references stay unresolved and unchecked - they are resolved by
+    the worker that runs the connector, so secrets never travel into ZooKeeper."""
     if not isinstance(name, str) or not name:
         raise ConfigError("'name' is required: {\"name\": ..., \"config\": {...}}", key="name", source=source)
     if not _NAME.match(name):
@@ -154,8 +157,13 @@ def parse_connector(name: Any, config: Any, *, source: str | None = None) -> Con
         raise ConfigError(f"config name {config['name']!r} differs from the connector name {name!r}", key="name", source=source)
     raw = {str(k): v for k, v in config.items()}
     raw["name"] = name
-    resolved = {k: resolve_providers(v, key=k, source=source) for k, v in raw.items()}
-    settings = COMMON.parse(resolved, source=source)
+    if resolve:
+        resolved = {k: resolve_providers(v, key=k, source=source) for k, v in raw.items()}
+        skip: frozenset[str] = frozenset()
+    else:
+        resolved = dict(raw)
+        skip = frozenset(k for k, v in raw.items() if isinstance(v, str) and _REF.search(v))
+    settings = COMMON.parse(resolved, source=source, skip=skip)
     cls_name = settings["connector.class"]
     if cls_name == FANOUT:
         aliases = ConfigDef().define("sinks", Type.LIST, validator=non_empty).parse(resolved, source=source)["sinks"]
@@ -167,21 +175,23 @@ def parse_connector(name: Any, config: Any, *, source: str | None = None) -> Con
             if not sub.get("connector.class"):
                 raise ConfigError("is required for every sink named in 'sinks'", key=key, source=source)
             cls = load_class(str(sub["connector.class"]), key=key, source=source)
-            specs.append(SinkSpec(alias, cls, _parse_sink(cls, sub, source, prefix)))
+            sub_skip = frozenset(k[len(prefix):] for k in skip if k.startswith(prefix))
+            specs.append(SinkSpec(alias, cls, _parse_sink(cls, sub, source, prefix, sub_skip)))
         return ConnectorConfig(name, raw, settings, tuple(specs))
     cls = load_class(cls_name, source=source)
-    return ConnectorConfig(name, raw, settings, (SinkSpec("", cls, _parse_sink(cls, resolved, source, "")),))
+    return ConnectorConfig(name, raw, settings, (SinkSpec("", cls, _parse_sink(cls, resolved, source, "", skip)),))
 
 
-def _parse_sink(cls: type[TwoPhaseCommitSink], config: dict[str, Any], source: str | None, prefix: str) -> dict[str, Any]:
+def _parse_sink(cls: type[TwoPhaseCommitSink], config: dict[str, Any], source: str | None, prefix: str,
+                skip: frozenset[str]) -> dict[str, Any]:
     try:
-        cls.CONFIG.parse(config, source=source)
+        cls.CONFIG.parse(config, source=source, skip=skip)
     except ConfigError as exc:
         raise ConfigError(exc.message.split(": ", 1)[-1], key=prefix + (exc.key or ""), source=source) from None
     return config
 
 
-def load_connector_file(path: str | Path) -> ConnectorConfig:
+def load_connector_file(path: str | Path, *, resolve: bool = True) -> ConnectorConfig:
     """Read one registration file; every problem names the file and the key."""
     p = Path(path)
     try:
@@ -196,4 +206,4 @@ def load_connector_file(path: str | Path) -> ConnectorConfig:
         raise ConfigError('must be a JSON object {"name": ..., "config": {...}}', source=str(p))
     if "config" not in doc:
         raise ConfigError("'config' is required: {\"name\": ..., \"config\": {...}}", key="config", source=str(p))
-    return parse_connector(doc.get("name"), doc["config"], source=str(p))
+    return parse_connector(doc.get("name"), doc["config"], source=str(p), resolve=resolve)

@@ -70,7 +70,7 @@ def _publish_aborted(bootstrap: str, n: int) -> None:
     p.init_transactions(30)
     p.begin_transaction()
     for i in range(n):
-        p.produce(TOPIC, key=f"aborted-{i}", value=json.dumps({"id": f"aborted-{i}", "customer": "nobody", "amount": 0}))
+        p.produce(TOPIC, key=f"aborted-{i}", value=json.dumps({"order_id": f"aborted-{i}", "customer": "nobody", "amount": 0}))
     p.flush(30)
     p.abort_transaction(30)
 
@@ -160,13 +160,13 @@ def _wait_delivered(dsn: str, expected: int, timeout: float, worker: subprocess.
                 raise EosinkError(f"the worker exited with code {worker.returncode}", component="demo", log_file=str(log_path))
             if conn.execute("SELECT to_regclass(%s)", (TABLE,)).fetchone()[0]:
                 rows, distinct, aborted = conn.execute(
-                    f"SELECT count(*), count(DISTINCT id), count(*) FILTER (WHERE id::text LIKE 'aborted-%%') FROM {TABLE}"
+                    f"SELECT count(*), count(DISTINCT order_id), count(*) FILTER (WHERE order_id LIKE 'aborted-%%') FROM {TABLE}"
                 ).fetchone()
                 counts = {"rows": rows, "distinct": distinct, "duplicates": rows - distinct,
                           "missing": expected - (distinct - aborted), "from_aborted": aborted}
                 if distinct >= expected:
                     time.sleep(2 * 1.0)  # two more commit intervals: anything extra would show now
-                    rows, distinct = conn.execute(f"SELECT count(*), count(DISTINCT id) FROM {TABLE}").fetchone()
+                    rows, distinct = conn.execute(f"SELECT count(*), count(DISTINCT order_id) FROM {TABLE}").fetchone()
                     counts.update(rows=rows, distinct=distinct, duplicates=rows - distinct)
                     return counts
             time.sleep(0.5)

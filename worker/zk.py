@@ -35,6 +35,7 @@ class ZkSession:
         self._suspended_at: float | None = None
         self._lost_listeners: list[Callable[[], None]] = []
         self._lock = threading.Lock()
+        self._stopping = False
         self.client.add_listener(self._on_state)
 
     def start(self, timeout: float = 30.0) -> "ZkSession":
@@ -47,6 +48,7 @@ class ZkSession:
         return self
 
     def stop(self) -> None:
+        self._stopping = True  # a LOST state from our own close is not news
         try:
             self.client.stop()
             self.client.close()
@@ -58,13 +60,16 @@ class ZkSession:
 
     def _on_state(self, state: str) -> None:
         # Runs on kazoo's thread: keep it short, never block.
+        if self._stopping:
+            return
         with self._lock:
             self._state = state
             if state == KazooState.SUSPENDED:
                 self._suspended_at = time.monotonic()
             elif state == KazooState.CONNECTED:
                 self._suspended_at = None
-        log.warning("zookeeper_state", state=state) if state != KazooState.CONNECTED else log.info("zookeeper_state", state=state)
+        if state != KazooState.CONNECTED:
+            log.warning("zookeeper_state", state=state)
         if state == KazooState.LOST:
             for cb in list(self._lost_listeners):
                 cb()

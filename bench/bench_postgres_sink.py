@@ -1,0 +1,286 @@
+"""Benchmark: the PostgreSQL sink's full 2PC cycle against a raw COPY and an executemany consumer.
+
+Measured in one run, on the same ~200-byte JSON records, each mode into its own fresh table
+of the same shape (9 value columns + the Kafka coordinates, no index):
+
+(a) raw COPY - rows already built as tuples, binary COPY + COMMIT per batch: the ceiling.
+    Also raw text COPY, to show why the sink picks binary where it can.
+(b) the sink - begin_transaction / write / pre_commit / commit per batch of ``--batch`` records
+    (what one commit.interval.ms=1000 cycle holds at the target rate): row building from the
+    record dicts, type checks, manifest, fence, COPY, PREPARE and COMMIT PREPARED all included.
+(c) at-least-once baseline - a plain consumer building rows from the same dicts and running
+    ``executemany(INSERT ...)`` + COMMIT per batch.
+
+Record generation is outside every timing. Raw COPY and the sink alternate for ``--rounds``
+rounds and the best round of each counts (the machine is shared; the spread is printed).
+
+    python bench/bench_postgres_sink.py [--dsn postgresql://...] [--records 1000000] [--batch 50000]
+
+The DSN defaults to $EOSINK_BENCH_DSN, else the local stack's (``eosink stack up``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from operator import itemgetter
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import psycopg  # noqa: E402
+from psycopg import sql  # noqa: E402
+
+from connectors.postgres import PostgresSink  # noqa: E402
+from connectors.records import PartitionRange, SinkRecord, TxnManifest  # noqa: E402
+
+PARTITIONS = 4
+FIELDS: tuple[tuple[str, str, str], ...] = (  # name, SQL type, COPY type
+    ("id", "bigint", "int8"),
+    ("user", "text", "text"),
+    ("email", "text", "text"),
+    ("amount", "double precision", "float8"),
+    ("currency", "text", "text"),
+    ("status", "text", "text"),
+    ("country", "text", "text"),
+    ("created", "text", "text"),
+    ("note", "text", "text"),
+)
+KAFKA = (("__topic", "text", "text"), ("__partition", "integer", "int4"), ("__offset", "bigint", "int8"))
+COLUMNS = [f for f, _, _ in FIELDS + KAFKA]
+COPY_TYPES = [t for _, _, t in FIELDS + KAFKA]
+STATUSES = ("paid", "pending", "refunded", "failed")
+COUNTRIES = ("DE", "FR", "NL", "US", "GB", "PL")
+
+
+def make_records(topic: str, n: int) -> list[SinkRecord]:
+    """``n`` records round-robin over the partitions, ~200 bytes of JSON each."""
+    out: list[SinkRecord] = []
+    for i in range(n):
+        value = {
+            "id": i,
+            "user": f"user_{i % 99991:05d}",
+            "email": f"user{i % 99991}@example.com",
+            "amount": round((i * 7919 % 100000) / 100.0, 2),
+            "currency": "EUR",
+            "status": STATUSES[i % 4],
+            "country": COUNTRIES[i % 6],
+            "created": f"2024-05-{1 + i % 28:02d}T12:{i % 60:02d}:{i * 7 % 60:02d}Z",
+            "note": f"order {i} shipped via standard delivery, thank you",
+        }
+        out.append(SinkRecord(topic, i % PARTITIONS, i // PARTITIONS, None, value, json.dumps(value).encode()))
+    return out
+
+
+def batches(records: Sequence[SinkRecord], size: int) -> list[Sequence[SinkRecord]]:
+    return [records[i : i + size] for i in range(0, len(records), size)]
+
+
+def manifest_for(txn: str, connector: str, batch: Sequence[SinkRecord], epoch: int) -> TxnManifest:
+    lo: dict[tuple[str, int], int] = {}
+    hi: dict[tuple[str, int], int] = {}
+    for r in batch:
+        k = (r.topic, r.partition)
+        lo[k] = min(lo.get(k, r.offset), r.offset)
+        hi[k] = max(hi.get(k, r.offset), r.offset)
+    return TxnManifest(txn, connector, tuple(PartitionRange(t, p, lo[(t, p)], hi[(t, p)], epoch) for t, p in sorted(lo)))
+
+
+@dataclass
+class Result:
+    name: str
+    records: int = 0
+    seconds: float = 0.0
+    rounds: list[float] = field(default_factory=list)  # records/s per round
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds if self.seconds else 0.0
+
+
+def create_table(conn: psycopg.Connection[Any], name: str) -> None:
+    cols = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t)) for c, t, _ in FIELDS + KAFKA)
+    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+    conn.execute(sql.SQL("CREATE TABLE {} ({})").format(sql.Identifier(name), cols))
+    conn.commit()
+
+
+def count(conn: psycopg.Connection[Any], name: str) -> int:
+    row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(name))).fetchone()
+    conn.commit()
+    return int(row[0]) if row else -1
+
+
+def run_raw_copy(dsn: str, table: str, parts: list[Sequence[SinkRecord]], binary: bool) -> float:
+    """Seconds to COPY pre-built tuples of every batch, one COPY + COMMIT per batch."""
+    getter = itemgetter(*[f for f, _, _ in FIELDS])
+    prebuilt = [[getter(r.value) + (r.topic, r.partition, r.offset) for r in part] for part in parts]
+    stmt = sql.SQL("COPY {} ({}) FROM STDIN" + (" (FORMAT BINARY)" if binary else "")).format(
+        sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, COLUMNS))
+    )
+    with psycopg.connect(dsn) as conn:
+        create_table(conn, table)
+        t0 = time.perf_counter()
+        for rows in prebuilt:
+            with conn.cursor() as cur, cur.copy(stmt) as cp:
+                cp.set_types(COPY_TYPES)
+                write = cp.write_row
+                for row in rows:
+                    write(row)
+            conn.commit()
+        elapsed = time.perf_counter() - t0
+        assert count(conn, table) == sum(map(len, prebuilt)), "raw COPY lost rows"
+    return elapsed
+
+
+def run_sink(dsn: str, topic: str, connector: str, parts: list[Sequence[SinkRecord]], cycles: list[dict[str, float]]) -> float:
+    """Seconds for full sink cycles over every batch (the table is auto-created by a warm-up)."""
+    sink = PostgresSink(connector, {"connection.url": dsn})
+    sink.open()
+    try:
+        warm = make_records(topic, 1)  # auto.create outside the timing, as in a long-running worker
+        sink.begin_transaction(f"{connector}.w.0.0")
+        sink.write(warm)
+        sink.pre_commit(manifest_for(f"{connector}.w.0.0", connector, warm, 1))
+        sink.abort(f"{connector}.w.0.0")
+        manifests = [manifest_for(f"{connector}.w.1.{i + 1}", connector, part, 1) for i, part in enumerate(parts)]
+        t0 = time.perf_counter()
+        for part, m in zip(parts, manifests):
+            sink.begin_transaction(m.txn_id)
+            sink.write(part)
+            sink.pre_commit(m)
+            sink.commit(m.txn_id)
+            t = sink.timings
+            cycles.append({"manifest": t.manifest_ms, "write": t.write_ms, "prepare": t.prepare_ms, "commit": t.commit_ms})
+        elapsed = time.perf_counter() - t0
+    finally:
+        sink.close()
+    return elapsed
+
+
+def run_executemany(dsn: str, table: str, parts: list[Sequence[SinkRecord]], budget_s: float) -> tuple[int, float]:
+    """Records and seconds of an at-least-once consumer (executemany + COMMIT per batch)."""
+    getter = itemgetter(*[f for f, _, _ in FIELDS])
+    stmt = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+        sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, COLUMNS)), sql.SQL(", ").join([sql.Placeholder()] * len(COLUMNS))
+    )
+    done = 0
+    with psycopg.connect(dsn) as conn:
+        create_table(conn, table)
+        t0 = time.perf_counter()
+        for part in parts:
+            rows = [getter(r.value) + (r.topic, r.partition, r.offset) for r in part]
+            with conn.cursor() as cur:
+                cur.executemany(stmt, rows)
+            conn.commit()
+            done += len(part)
+            if time.perf_counter() - t0 > budget_s:
+                break
+        elapsed = time.perf_counter() - t0
+        assert count(conn, table) == done, "executemany lost rows"
+    return done, elapsed
+
+
+def default_dsn() -> str:
+    if os.environ.get("EOSINK_BENCH_DSN"):
+        return os.environ["EOSINK_BENCH_DSN"]
+    from worker.stack import load_endpoints
+
+    return load_endpoints().postgres_dsn
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: $EOSINK_BENCH_DSN or the local stack)")
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--batch", type=int, default=50_000, help="records per cycle")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds of raw COPY and the sink")
+    ap.add_argument("--baseline-budget-s", type=float, default=20.0, help="stop the executemany baseline after this long")
+    ap.add_argument("--keep", action="store_true", help="keep the tables")
+    ap.add_argument("--no-gc-freeze", action="store_true", help="leave the generated records to the cyclic GC")
+    args = ap.parse_args(argv)
+    dsn = args.dsn or default_dsn()
+    tag = uuid.uuid4().hex[:6]
+    topic = f"bench.pg.{tag}"
+    raw_table, text_table, alo_table = f"bench_raw_{tag}", f"bench_rawtext_{tag}", f"bench_alo_{tag}"
+
+    t0 = time.perf_counter()
+    records = make_records(topic, args.records)
+    avg_bytes = statistics.fmean(len(r.raw_value or b"") for r in records[:10_000])
+    parts = batches(records, args.batch)
+    if not args.no_gc_freeze:
+        # A worker holds one cycle's batch; this process holds all of them. Without freezing, every
+        # full collection walks a million live records, a cost no worker pays: keep it out.
+        gc.collect()
+        gc.freeze()
+    print(f"{len(records):,} records of ~{avg_bytes:.0f} bytes JSON in {len(parts)} batches of {args.batch:,}; "
+          f"generated in {time.perf_counter() - t0:.1f}s; PostgreSQL {dsn.rsplit('@', 1)[-1]}")
+
+    raw = Result("raw COPY binary (ceiling)")
+    raw_text = Result("raw COPY text")
+    sink = Result("eosink PostgresSink, 2PC cycle")
+    cycles: list[dict[str, float]] = []
+    tables: list[str] = [raw_table, text_table, alo_table]
+    for rnd in range(args.rounds):
+        runs: list[tuple[Result, Callable[[], float]]] = [
+            (raw, lambda: run_raw_copy(dsn, raw_table, parts, True)),
+            (raw_text, lambda: run_raw_copy(dsn, text_table, parts, False)),
+            (sink, lambda: run_sink(dsn, topic, f"bench{tag}r{rnd}", parts, cycles)),
+        ]
+        for res, fn in runs:
+            secs = fn()
+            res.rounds.append(len(records) / secs)
+            if not res.seconds or secs < res.seconds:
+                res.records, res.seconds = len(records), secs
+        tables.append(f"bench_pg_{tag}")
+        if rnd < args.rounds - 1:  # the sink appends to its auto-created table: start the next round empty
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(f"bench_pg_{tag}")))
+    alo = Result("executemany INSERT (at-least-once)")
+    alo.records, alo.seconds = run_executemany(dsn, alo_table, parts, args.baseline_budget_s)
+    alo.rounds.append(alo.rate)
+
+    print()
+    print(f"{'mode':36s} {'records':>10s} {'seconds':>8s} {'records/s':>11s} {'vs raw COPY':>12s} {'vs executemany':>15s}   rounds (records/s)")
+    for res in (raw, raw_text, sink, alo):
+        print(f"{res.name:36s} {res.records:>10,} {res.seconds:>8.2f} {res.rate:>11,.0f} {res.rate / raw.rate:>11.0%} "
+              f"{res.rate / alo.rate:>14.1f}x   {', '.join(f'{x:,.0f}' for x in res.rounds)}")
+    if cycles:
+        def med(k: str) -> float:
+            return statistics.median(c[k] for c in cycles)
+
+        print()
+        print(f"per cycle of {args.batch:,} records (median of {len(cycles)}): manifest write {med('manifest'):.2f} ms, "
+              f"fence + COPY {med('write'):.1f} ms, PREPARE {med('prepare'):.2f} ms, COMMIT PREPARED {med('commit'):.2f} ms; "
+              f"2PC overhead (manifest + PREPARE + COMMIT PREPARED) {med('manifest') + med('prepare') + med('commit'):.2f} ms")
+    print()
+    targets = [
+        (">= 100,000 records/s", sink.rate >= 100_000),
+        (">= 50% of raw COPY", sink.rate >= 0.5 * raw.rate),
+        (">= 3x executemany", sink.rate >= 3 * alo.rate),
+    ]
+    print("targets: " + "; ".join(f"{name}: {'met' if ok else 'MISSED'}" for name, ok in targets))
+
+    if not args.keep:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for t in set(tables):
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(t)))
+            for r in range(args.rounds):
+                for tbl in ("eosink_offsets", "eosink_committed_txns", "eosink_txn_manifest"):
+                    conn.execute(sql.SQL("DELETE FROM {} WHERE connector = %s").format(sql.Identifier(tbl)), (f"bench{tag}r{r}",))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,581 @@
+"""Benchmark: one eosink worker from a pre-filled outbox topic, against the raw consumer ceiling
+and Kafka Connect's own FileStreamSinkConnector, all measured in the same run.
+
+Every mode reads the same topic (``--records`` JSON values of ~200 bytes, produced
+transactionally, so read_committed skips control markers) from the beginning, in this order:
+
+1. ceiling  - ``KafkaSource.poll_batch`` (the very consumer the worker uses, read_committed, JSON
+              decoding) with the worker's batch limits, and no sink. Run first and last; the faster
+              of the two is the ceiling (the machine is shared).
+2. eosink   - a ``SinkTask`` in this process with the real ``ZooKeeperDecisionLog`` (a fresh
+              cluster root per run, so the decision log starts empty), into ``FilesystemSink``
+              (fsync on, as in production) and, separately, ``MemorySink``;
+              ``commit.interval.ms=1000``, every other setting at its default. Timed from
+              ``task.assign(all partitions)`` to the commit that delivers the last record.
+3. Kafka Connect - ``ConnectStandalone`` + ``FileStreamSink`` (jars of
+              ``worker/stack/jvm/connect/pom.xml``; read_committed, StringConverter), at-least-once.
+              Timed from launching the JVM until the file holds every line, and from its first
+              byte (JVM start-up, plugin scan and group join excluded).
+
+Each sink's output is checked afterwards: exactly N lines/records and exactly the N distinct
+ids 0..N-1 (no loss, no duplicate). Results go to ``bench/results/worker.json``.
+
+    python bench/bench_worker.py [--records 1000000] [--partitions 4] [--skip-connect]
+
+Needs the local stack (``eosink stack up``); Kafka Connect also needs ``java`` and (once) ``mvn``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from confluent_kafka import Consumer, KafkaException, Producer  # noqa: E402
+from confluent_kafka import TopicPartition as KTP  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+from connectors.filesystem import FilesystemSink  # noqa: E402
+from connectors.memory import MemorySink, drop_store, store  # noqa: E402
+from connectors.records import TopicPartition  # noqa: E402
+from worker import logging as wlogging  # noqa: E402
+from worker.decision import ZooKeeperDecisionLog  # noqa: E402
+from worker.source import KafkaSource  # noqa: E402
+from worker.task import CycleOutcome, SinkTask, TaskSettings  # noqa: E402
+from worker.zk import ZkSession  # noqa: E402
+
+RESULTS = REPO / "bench" / "results" / "worker.json"
+COMMIT_INTERVAL_S = 1.0
+TXN_RECORDS = 50_000  # records per producer transaction when pre-filling
+STATUSES = ("paid", "pending", "refunded", "failed")
+COUNTRIES = ("DE", "FR", "NL", "US", "GB", "PL")
+CONNECT_JVM_OPTS = [  # what bin/connect-standalone.sh + kafka-run-class.sh pass by default
+    "-Xms256M", "-Xmx2G", "-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true",
+]
+
+
+# ---------------------------------------------------------------------------------------- data
+def value_of(i: int) -> bytes:
+    """The outbox record with id ``i``: ~200 bytes of compact JSON."""
+    return json.dumps(
+        {
+            "id": i,
+            "user": f"user_{i % 99991:05d}",
+            "email": f"user{i % 99991}@example.com",
+            "amount": round((i * 7919 % 100000) / 100.0, 2),
+            "currency": "EUR",
+            "status": STATUSES[i % 4],
+            "country": COUNTRIES[i % 6],
+            "created": f"2024-05-{1 + i % 28:02d}T12:{i % 60:02d}:{i * 7 % 60:02d}Z",
+            "note": f"order {i} shipped",
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def default_topic(n: int) -> str:
+    if n % 1_000_000 == 0:
+        return f"bench-outbox-{n // 1_000_000}m"
+    if n % 1_000 == 0:
+        return f"bench-outbox-{n // 1_000}k"
+    return f"bench-outbox-{n}"
+
+
+def expected_high_watermarks(n: int, partitions: int) -> list[int]:
+    """High watermark of each partition after :func:`prefill`: its records plus one commit
+    marker per producer transaction that wrote to it (record ``i`` goes to partition ``i % P``)."""
+    high = [0] * partitions
+    for start in range(0, n, TXN_RECORDS):
+        size = min(TXN_RECORDS, n - start)
+        for p in range(partitions):
+            count = len(range((p - start) % partitions, size, partitions))
+            high[p] += count + (1 if count else 0)
+    return high
+
+
+def watermarks(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, int]] | None:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-probe-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False})
+    try:
+        md = c.list_topics(topic, timeout=10).topics.get(topic)
+        if md is None or md.error is not None or len(md.partitions) != partitions:
+            return None
+        return [c.get_watermark_offsets(KTP(topic, p), timeout=10, cached=False) for p in range(partitions)]
+    finally:
+        c.close()
+
+
+def prefill(bootstrap: str, topic: str, n: int, partitions: int) -> bool:
+    """Make ``topic`` hold exactly ``n`` committed records; False when it already did."""
+    want = [(0, h) for h in expected_high_watermarks(n, partitions)]
+    have = watermarks(bootstrap, topic, partitions)
+    if have == want:
+        return False
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + 60
+    if topic in admin.list_topics(timeout=10).topics:
+        print(f"  topic {topic} does not hold exactly {n:,} records in {partitions} partitions "
+              f"(watermarks {have}); recreating it")
+        admin.delete_topics([topic], operation_timeout=30)[topic].result()
+        while topic in admin.list_topics(timeout=10).topics:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"topic {topic} still listed 60s after its deletion")
+            time.sleep(0.2)
+    while True:  # creation right after a deletion can be refused for a moment
+        try:
+            admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=30)[topic].result()
+            break
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    t0 = time.perf_counter()
+    producer = Producer({
+        "bootstrap.servers": bootstrap,
+        "transactional.id": f"bench-prefill-{topic}-{uuid.uuid4().hex[:6]}",
+        "linger.ms": 50,
+        "batch.size": 1_000_000,
+        "queue.buffering.max.messages": 500_000,
+        "queue.buffering.max.kbytes": 512 * 1024,
+    })
+    producer.init_transactions(30)
+    for start in range(0, n, TXN_RECORDS):
+        producer.begin_transaction()
+        for i in range(start, min(n, start + TXN_RECORDS)):
+            while True:
+                try:
+                    producer.produce(topic, value_of(i), str(i).encode(), partition=i % partitions)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        producer.commit_transaction(120)
+        print(f"\r  pre-filling {topic}: {min(n, start + TXN_RECORDS):,}/{n:,}", end="", flush=True)
+    elapsed = time.perf_counter() - t0
+    print(f"\r  pre-filled {topic}: {n:,} records in {partitions} partitions, "
+          f"{-(-n // TXN_RECORDS)} transactions, in {elapsed:.1f}s")
+    have = watermarks(bootstrap, topic, partitions)
+    if have != want:
+        raise RuntimeError(f"after pre-filling, {topic} has watermarks {have}, expected {want}")
+    return True
+
+
+# ---------------------------------------------------------------------------------------- results
+@dataclass
+class Result:
+    name: str
+    records: int = 0
+    nbytes: int = 0  # value bytes delivered (sum of len(value))
+    seconds: float = 0.0
+    cycles: int | None = None
+    kind: str = ""
+    check: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds if self.seconds else 0.0
+
+    @property
+    def mb_s(self) -> float:
+        return self.nbytes / 1e6 / self.seconds if self.seconds else 0.0
+
+
+class IdCheck:
+    """Exactly the ids 0..n-1, each once."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.seen = bytearray(n)
+        self.count = self.dupes = self.out_of_range = 0
+
+    def add(self, i: int) -> None:
+        self.count += 1
+        if 0 <= i < self.n:
+            if self.seen[i]:
+                self.dupes += 1
+            self.seen[i] = 1
+        else:
+            self.out_of_range += 1
+
+    def summary(self) -> tuple[bool, str]:
+        missing = self.n - sum(self.seen)
+        ok = self.count == self.n and missing == 0 and self.dupes == 0 and self.out_of_range == 0
+        text = f"{self.count:,} lines, {self.n - missing:,} distinct ids"
+        if not ok:
+            text += f", {missing:,} missing, {self.dupes:,} duplicates, {self.out_of_range:,} out of range"
+        return ok, text
+
+
+# ---------------------------------------------------------------------------------------- ceiling
+def run_ceiling(bootstrap: str, topic: str, tps: list[TopicPartition], n: int, tag: str, timeout_s: float) -> Result:
+    s = TaskSettings(commit_interval_s=COMMIT_INTERVAL_S)
+    src = KafkaSource(f"bench-ceiling-{tag}", bootstrap)
+    records = nbytes = polls = 0
+    try:
+        t0 = time.perf_counter()
+        src.assign({tp: 0 for tp in tps})
+        while records < n:
+            batch = src.poll_batch(_capped(s.max_records, n - records), s.max_bytes, s.commit_interval_s)
+            if batch.error is not None:
+                raise batch.error
+            records += len(batch.records)
+            nbytes += batch.nbytes
+            polls += 1
+            if time.perf_counter() - t0 > timeout_s:
+                raise RuntimeError(f"ceiling: only {records:,} of {n:,} records after {timeout_s:.0f}s")
+        elapsed = time.perf_counter() - t0
+    finally:
+        src.close()
+    ok = records == n
+    return Result("raw consumer (ceiling)", records, nbytes, elapsed, kind="ceiling",
+                  check=f"{'ok' if ok else 'FAILED'}: {records:,} records decoded", extra={"polls": polls})
+
+
+# ---------------------------------------------------------------------------------------- eosink
+def _timed(fn: Callable[..., Any], bucket: dict[str, float], key: str) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            bucket[key] += time.perf_counter() - t
+
+    return wrapper
+
+
+def _capped(max_records: int, remaining: int) -> int:
+    """The records a poll may still ask for: the topic holds exactly N, so once they are all read a
+    ``poll_batch`` would otherwise wait out its whole timeout (the commit interval) for records
+    that never come, where a live outbox would keep feeding it. Capping the last poll at what
+    remains ends every mode at its last record, the same way for the ceiling and the worker.
+    An aborted cycle rewinds to the last decision, so ``remaining`` counts from what was delivered."""
+    return max(1, min(max_records, remaining))
+
+
+def run_eosink(kind: str, bootstrap: str, zk_hosts: str, topic: str, tps: list[TopicPartition], n: int, tag: str,
+               workdir: Path, timeout_s: float) -> Result:
+    connector = f"bench-{kind}-{tag}"
+    cluster = f"bench-{tag}-{kind}"
+    session = ZkSession(zk_hosts, cluster=cluster).start()
+    decision_log = ZooKeeperDecisionLog(session, "bench-worker")
+    source = KafkaSource(connector, bootstrap)
+    store_name = f"bench-{tag}"
+    if kind == "filesystem":
+        sink: Any = FilesystemSink(connector, {"file.path": str(workdir / "eosink-fs")})
+        name = "eosink FilesystemSink (fsync)"
+    else:
+        sink = MemorySink(connector, {"memory.store": store_name})
+        name = "eosink MemorySink"
+    task = SinkTask(connector, "bench-worker", [sink], source, decision_log, TaskSettings(commit_interval_s=COMMIT_INTERVAL_S))
+    # Where a cycle's time goes (a few calls per cycle: no measurable overhead).
+    steps: dict[str, float] = collections.defaultdict(float)
+    delivered = 0
+    poll = source.poll_batch
+
+    def poll_capped(max_records: int, max_bytes: int, timeout_s: float) -> Any:
+        # Never wait out a commit interval for records the topic will never hold (see _capped).
+        return poll(_capped(max_records, n - delivered), max_bytes, timeout_s)
+
+    source.poll_batch = _timed(poll_capped, steps, "poll+decode")
+    sink.write = _timed(sink.write, steps, "stage")
+    sink.pre_commit = _timed(sink.pre_commit, steps, "prepare")
+    sink.commit = _timed(sink.commit, steps, "commit")
+    decision_log.decide = _timed(decision_log.decide, steps, "decide")
+    outcomes: collections.Counter[str] = collections.Counter()
+    nbytes = cycles = 0
+    cycle_records: list[int] = []
+    try:
+        task.open()
+        t0 = time.perf_counter()
+        task.assign(tps)
+        t_assigned = time.perf_counter()
+        while delivered < n:
+            r = task.run_cycle()
+            outcomes[r.outcome.value] += 1
+            if r.outcome is CycleOutcome.SUCCEEDED:
+                delivered += r.records
+                nbytes += r.nbytes
+                cycles += 1
+                cycle_records.append(r.records)
+            elif r.outcome in (CycleOutcome.FATAL, CycleOutcome.FENCED):
+                raise RuntimeError(f"{name}: cycle {r.outcome.value}: {r.error!r}")
+            if time.perf_counter() - t0 > timeout_s:
+                raise RuntimeError(f"{name}: only {delivered:,} of {n:,} records after {timeout_s:.0f}s")
+        elapsed = time.perf_counter() - t0
+        steps["assign"] = t_assigned - t0
+        steps["other"] = elapsed - sum(steps.values())
+        task.shutdown()
+    finally:
+        task.close()
+        try:
+            session.client.delete(session.root, recursive=True)
+        except Exception:  # noqa: BLE001 - best effort: a unique root per run
+            pass
+        session.stop()
+
+    # -- correctness: exactly the N ids, each once, and nothing left prepared --------------------
+    ids = IdCheck(n)
+    leftover = 0
+    if kind == "filesystem":
+        leftover = sum(1 for _ in sink.prepared_dir.iterdir())
+        for path in sorted(sink.committed_dir.glob("*.jsonl")):
+            with open(path, "rb") as f:
+                for line in f:
+                    ids.add(json.loads(line)["value"]["id"])
+    else:
+        st = store(store_name)
+        leftover = len(st.prepared)
+        for rec in st.committed:
+            ids.add(rec.value["id"])
+        drop_store(store_name)
+    ok, text = ids.summary()
+    ok = ok and leftover == 0 and delivered == n
+    check = f"{'ok' if ok else 'FAILED'}: {text}" + (f", {leftover} files/txns left prepared" if leftover else "")
+    return Result(name, delivered, nbytes, elapsed, cycles, kind=f"eosink-{kind}", check=check, extra={
+        "outcomes": dict(outcomes),
+        "steps_s": {k: round(v, 3) for k, v in steps.items()},
+        "records_per_cycle": {"min": min(cycle_records), "max": max(cycle_records), "mean": round(delivered / cycles)},
+    })
+
+
+# ---------------------------------------------------------------------------------------- Kafka Connect
+def run_connect(bootstrap: str, topic: str, n: int, total_bytes: int, value_bytes: int, tag: str, workdir: Path,
+                timeout_s: float) -> tuple[Result, Result]:
+    from worker.stack import jvm
+
+    cp = jvm.classpath("connect", "kafka-connect")
+    java = jvm.java("kafka-connect")
+    cdir = workdir / "connect"
+    cdir.mkdir()
+    out = cdir / "sink.txt"
+    log_file = cdir / "connect.log"
+    name = f"bench-fs-{tag}"
+    (cdir / "log4j2.properties").write_text(
+        "status = warn\n"
+        "appender.file.type = File\nappender.file.name = file\n"
+        f"appender.file.fileName = {log_file}\n"
+        "appender.file.layout.type = PatternLayout\nappender.file.layout.pattern = [%d] %p %m (%c)%n\n"
+        "rootLogger.level = info\nrootLogger.appenderRef.file.ref = file\n"
+    )
+    (cdir / "worker.properties").write_text("\n".join([
+        f"bootstrap.servers={bootstrap}",
+        "key.converter=org.apache.kafka.connect.storage.StringConverter",
+        "value.converter=org.apache.kafka.connect.storage.StringConverter",
+        f"offset.storage.file.filename={cdir / 'connect.offsets'}",
+        "offset.flush.interval.ms=1000",
+        "consumer.isolation.level=read_committed",
+        "consumer.auto.offset.reset=earliest",
+        "listeners=http://127.0.0.1:0",
+        # Every plugin on this classpath has ServiceLoader manifests (Connect says so and suggests
+        # this); the default hybrid_warn adds a ~5 s reflective classpath scan to the start-up.
+        "plugin.discovery=service_load",
+        "",
+    ]))
+    (cdir / "sink.properties").write_text("\n".join([
+        f"name={name}",  # the consumer group is connect-<name>: fresh per run, reads from the start
+        "connector.class=FileStreamSink",
+        "tasks.max=1",
+        f"file={out}",
+        f"topics={topic}",
+        "",
+    ]))
+    argv = [java, *CONNECT_JVM_OPTS, f"-Dlog4j2.configurationFile={cdir / 'log4j2.properties'}", "-cp", cp,
+            "org.apache.kafka.connect.cli.ConnectStandalone", str(cdir / "worker.properties"), str(cdir / "sink.properties")]
+    console = open(cdir / "console.log", "wb")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    t_first = None
+    size = 0
+    try:
+        while size < total_bytes:
+            try:
+                size = os.stat(out).st_size
+            except FileNotFoundError:
+                size = 0
+            now = time.perf_counter()
+            if size and t_first is None:
+                t_first = now
+            if proc.poll() is not None:
+                raise RuntimeError(f"Kafka Connect exited with {proc.returncode}; see {log_file} and {cdir / 'console.log'}")
+            if now - t0 > timeout_s:
+                raise RuntimeError(f"Kafka Connect: {size:,} of {total_bytes:,} bytes after {timeout_s:.0f}s; see {log_file}")
+            if size < total_bytes:
+                time.sleep(0.005)
+        t_done = time.perf_counter()
+    finally:
+        _stop_group(proc)
+        console.close()
+    assert t_first is not None
+    ids = IdCheck(n)
+    with open(out, "rb") as f:
+        for line in f:
+            ids.add(json.loads(line)["id"])
+    ok, text = ids.summary()
+    check = f"{'ok' if ok else 'FAILED'}: {text}" + ("" if size == total_bytes else f", {size - total_bytes:+,} bytes")
+    launch = Result("Kafka Connect FileStreamSink, from launch", n, value_bytes, t_done - t0, kind="connect-launch", check=check)
+    first = Result("Kafka Connect FileStreamSink, from 1st byte", n, value_bytes, t_done - t_first, kind="connect-first-byte",
+                   check=check, extra={"jvm_start_to_first_byte_s": round(t_first - t0, 2)})
+    return launch, first
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the process group we started (start_new_session), then SIGKILL if it lingers."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    except ProcessLookupError:
+        pass
+
+
+def delete_groups(bootstrap: str, groups: Sequence[str]) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    try:
+        for fut in admin.delete_consumer_groups(list(groups), request_timeout=10).values():
+            try:
+                fut.result()
+            except Exception:  # noqa: BLE001 - a group that never committed does not exist
+                pass
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+
+
+# ---------------------------------------------------------------------------------------- main
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--topic", default=None, help="default: bench-outbox-1m for 1,000,000 records")
+    ap.add_argument("--skip-connect", action="store_true", help="do not run the Kafka Connect peer")
+    ap.add_argument("--timeout-s", type=float, default=900.0, help="give up on a mode after this long")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--keep", action="store_true", help="keep the sinks' output and Kafka Connect's logs")
+    args = ap.parse_args(argv)
+    wlogging.configure(os.environ.get("EOSINK_LOG_LEVEL", "ERROR"))  # a stopped ZkSession logs LOST
+
+    from worker.stack import load_endpoints
+
+    ep = load_endpoints()
+    n, topic = args.records, args.topic or default_topic(args.records)
+    tps = [TopicPartition(topic, p) for p in range(args.partitions)]
+    tag = uuid.uuid4().hex[:8]
+    print(f"eosink worker benchmark: {n:,} records, topic {topic} ({args.partitions} partitions), "
+          f"Kafka {ep.kafka_bootstrap}, ZooKeeper {ep.zookeeper_hosts}, commit.interval.ms={int(COMMIT_INTERVAL_S * 1000)}")
+    prefill(ep.kafka_bootstrap, topic, n, args.partitions)
+
+    results: list[Result] = []
+    groups: list[str] = []
+    workdir = Path(tempfile.mkdtemp(prefix="eosink-bench-"))
+    try:
+
+        def step(label: str, fn: Callable[[], Any]) -> Any:
+            print(f"  {label} ...", end="", flush=True)
+            res = fn()
+            for r in res if isinstance(res, tuple) else (res,):
+                print(f" {r.seconds:.2f}s ({r.rate:,.0f} records/s) [{r.check}]", end="")
+            print(flush=True)
+            return res
+
+        ceil1 = step("ceiling", lambda: run_ceiling(ep.kafka_bootstrap, topic, tps, n, tag + "a", args.timeout_s))
+        value_bytes = ceil1.nbytes
+        fs = step("eosink filesystem", lambda: run_eosink("filesystem", ep.kafka_bootstrap, ep.zookeeper_hosts, topic, tps, n,
+                                                         tag, workdir, args.timeout_s))
+        mem = step("eosink memory", lambda: run_eosink("memory", ep.kafka_bootstrap, ep.zookeeper_hosts, topic, tps, n,
+                                                      tag, workdir, args.timeout_s))
+        groups += [f"eosink-bench-filesystem-{tag}", f"eosink-bench-memory-{tag}"]
+        connect: tuple[Result, Result] | None = None
+        if not args.skip_connect:
+            connect = step("Kafka Connect", lambda: run_connect(ep.kafka_bootstrap, topic, n, value_bytes + n, value_bytes, tag,
+                                                                workdir, args.timeout_s))
+            groups.append(f"connect-bench-fs-{tag}")
+        ceil2 = step("ceiling again", lambda: run_ceiling(ep.kafka_bootstrap, topic, tps, n, tag + "b", args.timeout_s))
+    finally:
+        delete_groups(ep.kafka_bootstrap, groups)
+        if args.keep:
+            print(f"  outputs and Kafka Connect's logs kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    ceiling = ceil1 if ceil1.rate >= ceil2.rate else ceil2
+    ceiling.extra["runs_records_per_s"] = [round(ceil1.rate), round(ceil2.rate)]
+    results = [ceiling, fs, mem, *(connect or ())]
+    peer = connect[1] if connect else None  # the stricter comparison: Kafka Connect without its start-up
+
+    print()
+    print(f"{'mode':45s} {'records':>10s} {'seconds':>8s} {'records/s':>10s} {'MB/s':>6s} {'cycles':>6s} "
+          f"{'/ceiling':>8s} {'/Connect':>8s}")
+    for r in results:
+        vs_peer = f"{r.rate / peer.rate:.2f}x" if peer else "-"
+        cycles = str(r.cycles) if r.cycles is not None else "-"
+        print(f"{r.name:45s} {r.records:>10,} {r.seconds:>8.2f} {r.rate:>10,.0f} {r.mb_s:>6.1f} {cycles:>6s} "
+              f"{r.rate / ceiling.rate:>8.0%} {vs_peer:>8s}")
+    print(f"(ceiling = best of two raw runs: {ceil1.rate:,.0f} and {ceil2.rate:,.0f} records/s; MB/s = 10^6 value bytes/s; "
+          f"/Connect = against Kafka Connect from its first byte)")
+    for r in (fs, mem):
+        st = r.extra["steps_s"]
+        print(f"{r.name}: " + ", ".join(f"{k} {v:.2f}s" for k, v in st.items()) +
+              f"; records/cycle {r.extra['records_per_cycle']['mean']:,} (min {r.extra['records_per_cycle']['min']:,}, "
+              f"max {r.extra['records_per_cycle']['max']:,})")
+    if connect:
+        print(f"Kafka Connect: {connect[1].extra['jvm_start_to_first_byte_s']:.2f}s from launch to its first byte")
+
+    targets = {
+        "filesystem >= 60% of ceiling": fs.rate >= 0.6 * ceiling.rate,
+        "memory >= 60% of ceiling": mem.rate >= 0.6 * ceiling.rate,
+    }
+    if connect:
+        targets["filesystem >= Kafka Connect (from launch)"] = fs.rate >= connect[0].rate
+        targets["filesystem >= Kafka Connect (from first byte)"] = fs.rate >= connect[1].rate
+    checks_ok = all(r.check.startswith("ok") for r in results)
+    print("targets: " + "; ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in targets.items()))
+    print(f"correctness: {'every sink holds exactly the N ids, each once' if checks_ok else 'FAILED'}")
+    for r in results:
+        if not r.check.startswith("ok"):
+            print(f"  {r.name}: {r.check}")
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "benchmark": "bench/bench_worker.py",
+        "command": " ".join([Path(sys.executable).name, "bench/bench_worker.py", *(argv if argv is not None else sys.argv[1:])]),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "config": {"records": n, "topic": topic, "partitions": args.partitions, "commit_interval_ms": int(COMMIT_INTERVAL_S * 1000),
+                   "value_bytes": value_bytes, "kafka_connect": None if args.skip_connect else "4.1.1"},
+        "results": [
+            {**{k: v for k, v in asdict(r).items() if k != "extra"}, **r.extra,
+             "records_per_s": round(r.rate), "mb_per_s": round(r.mb_s, 2),
+             "ratio_to_ceiling": round(r.rate / ceiling.rate, 3),
+             "ratio_to_connect": round(r.rate / peer.rate, 3) if peer else None}
+            for r in results
+        ],
+        "targets": targets,
+        "correct": checks_ok,
+    }
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"results: {args.out}")
+    return 0 if checks_ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
