@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,12 +27,14 @@ ORPHAN_MANIFEST_AGE = "15 minutes"
 COMMITTED_TXN_RETENTION = "7 days"
 
 
-def write_manifest(conn: psycopg.Connection[Any], manifest: TxnManifest, connector: str) -> str | None:
+def write_manifest(conn: psycopg.Connection[Any], manifest: TxnManifest, connector: str, sink: str) -> tuple[str | None, str | None]:
     """Insert (autocommit) the manifest unless the txn is already prepared or committed.
 
-    Returns ``"prepared"``/``"committed"`` when it is (prepare is then a no-op), else None. One
-    round trip and one commit: the check and the insert are one statement.
+    Returns ``(state, sink)``: state ``"prepared"``/``"committed"`` when it is (prepare is then
+    a no-op, unless ``sink`` - the fingerprint stored with the prepared manifest - names another
+    sink), else None. One round trip and one commit: the check and the insert are one statement.
     """
+    document = manifest.to_json()[:-1] + f',"sink":{json.dumps(sink)}}}'  # from_json ignores extra keys
     row = conn.execute(
         """
         WITH st AS (
@@ -42,12 +45,12 @@ def write_manifest(conn: psycopg.Connection[Any], manifest: TxnManifest, connect
           SELECT %(txn)s, %(connector)s, %(manifest)s::jsonb, now() FROM st WHERE NOT st.prepared AND NOT st.committed
           ON CONFLICT (txn_id) DO UPDATE SET manifest = EXCLUDED.manifest, created_at = EXCLUDED.created_at
         )
-        SELECT prepared, committed FROM st
+        SELECT prepared, committed, (SELECT manifest->>'sink' FROM eosink_txn_manifest WHERE txn_id = %(txn)s) FROM st
         """,
-        {"gid": GID_PREFIX + manifest.txn_id, "txn": manifest.txn_id, "connector": connector, "manifest": manifest.to_json()},
+        {"gid": GID_PREFIX + manifest.txn_id, "txn": manifest.txn_id, "connector": connector, "manifest": document},
     ).fetchone()
     assert row is not None
-    return "committed" if row[1] else "prepared" if row[0] else None
+    return ("committed" if row[1] else "prepared" if row[0] else None), row[2]
 
 
 def fence(cur: psycopg.Cursor[Any], manifest: TxnManifest, connector: str) -> None:

@@ -51,6 +51,8 @@ hide that.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -137,6 +139,10 @@ class PostgresSink(BatchingSink):
         self._tx_state = "idle"  # idle | active | prepare-sent
         self._bootstrapped = False
         self._tables = TableCache(connector, self.config, self._with_ac)
+        #: Tells this sink's prepared manifests from a sibling sink's (see :meth:`_sibling`).
+        self._fingerprint = hashlib.sha1(
+            json.dumps({k: v for k, v in sorted(self.config.items()) if k != "connection.password"}, default=str).encode()
+        ).hexdigest()[:16]
         self.timings = CycleTimings()
 
     # -- connections ------------------------------------------------------------------------
@@ -275,8 +281,11 @@ class PostgresSink(BatchingSink):
         for key, (recs, values) in groups.items():
             self._tables.ensure(key, recs, values)
         t1 = time.perf_counter()
-        state = self._with_ac(lambda conn: book.write_manifest(conn, manifest, self.connector), "writing the manifest")
+        state, owner = self._with_ac(lambda conn: book.write_manifest(conn, manifest, self.connector, self._fingerprint),
+                                     "writing the manifest")
         self.timings = CycleTimings(manifest_ms=(time.perf_counter() - t1) * 1000, rows=len(records))
+        if state == "prepared" and owner not in (None, self._fingerprint):
+            raise self._sibling(txn)
         if state is not None:
             log.info("txn %s is already %s: prepare is a no-op", txn, state)
             return
@@ -308,6 +317,9 @@ class PostgresSink(BatchingSink):
             except (RecordError, FencedError, ConfigError) as exc:
                 self._rollback_tx()
                 raise self._abandon(manifest, exc) from None
+            except psycopg.errors.DuplicateObject as exc:  # PREPARE: the GID is taken, in another database
+                self._rollback_tx()
+                raise self._abandon(manifest, self._sibling(txn)) from exc
             except psycopg.Error as exc:
                 conn = self._tx
                 broken = conn is None or conn.broken or conn.closed
@@ -323,6 +335,19 @@ class PostgresSink(BatchingSink):
                 raise
         raise self._abandon(
             manifest, FatalError(f"prepare of {txn}: schema changes did not settle after {_MAX_ATTEMPTS} attempts", component=COMPONENT)
+        )
+
+    def _sibling(self, txn: str) -> ConfigError:
+        """Two PostgreSQL sinks of one connector on one server would share every GID.
+
+        GIDs are unique per *server*, and both sinks name their transaction ``eosink:<txn>``: the
+        second would find "already prepared" and skip its batch. Refuse instead of losing it.
+        """
+        return ConfigError(
+            f"txn {txn} is already prepared on this PostgreSQL server by another sink of connector '{self.connector}' "
+            f"(GID '{GID_PREFIX}{txn}'): a connector can have only one postgres sink per PostgreSQL server; "
+            "write both tables from one sink (table.name.format) or use separate connectors",
+            key="connector.class", source=f"connector '{self.connector}'",
         )
 
     def _prepare_once(self, manifest: TxnManifest, xid: Xid, groups: Groups) -> None:

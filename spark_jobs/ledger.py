@@ -4,32 +4,44 @@ Layout: a compacted topic (default ``__eosink_publish_ledger``) with one partiti
 ``{job}/{run_id}/{partition}``, value JSON ``{"job", "run_id", "partition", "records", "topics", ...}``.
 A task writes its entry as the *last* record of its transaction, so the entry is committed if and
 only if the partition's outbox records are. After a run succeeded the driver adds a run marker
-``{job}/{run_id}/run`` (outside any transaction: it is only a shortcut, see ``publisher``).
+``{job}/{run_id}/run``, outside any transaction (it is only a shortcut, see ``publisher``).
 
-Reading it correctly
---------------------
-"Is key K committed?" must be answered from a ``read_committed`` consumer that has read *to the
-end*. The end is the log end offset (high watermark) queried *after* ``init_transactions()``, and it
-must be reached by the consumer's fetch position, not by its last message: a read_committed consumer
-stops at the last stable offset (LSO), which an unrelated open transaction on the ledger partition
-(another task about to commit) holds back. Stopping at the LSO would miss an entry committed just
-behind such a transaction and publish the partition twice; so :meth:`LedgerReader.scan` waits until
-the fetch position (reported by the partition-EOF event) reaches the high watermark. Entries are
-written immediately before ``commit_transaction()``, so other tasks hold the LSO back for
-milliseconds, not for the length of their partition.
+Answering "is key K committed?" correctly, and without stalling
+----------------------------------------------------------------
+The question is asked right after ``init_transactions()`` of K's transactional.id, which has
+completed or aborted every earlier transaction that could contain K (see :mod:`spark_jobs.task`).
+So every record of K in the log is now *decided*, and every committed one lies below the log end
+(high watermark) measured at that moment. Two steps:
+
+1. **Candidates** - read ``read_uncommitted`` up to that high watermark and note the offsets of K's
+   records. None (the normal case for a first attempt) means K was never written, committed or
+   not: the answer is "no" at once.
+2. **Resolution** - only if there are candidates, read ``read_committed`` from the first to past the
+   last candidate offset: K is committed iff a read_committed consumer delivers one of them.
+
+A read_committed consumer cannot read past the last stable offset (LSO), which *any* open
+transaction on the ledger partition holds back. Reading "read_committed to the end" in step 1,
+the obvious design, made every task wait on every other task's open transaction; worse, a task
+that crashed between writing its ledger entry and committing held the LSO until its own retry ran
+``init_transactions`` - and that retry could be queued behind the very tasks stuck waiting (this
+was observed here: the tests ran into the 60 s ledger timeout). With candidates first, only a
+partition that already has an entry of its own in the log waits, and only for transactions that
+began before that entry. Stopping at the LSO instead of waiting would be wrong: an entry committed
+behind an older open transaction would be missed and the partition published twice (the test
+``test_ledger_check_reads_to_the_log_end_not_the_last_stable_offset`` guards this).
 
 Cost, and the trade-off taken
 -----------------------------
 A scan from offset 0 is O(ledger size). It happens once per ``publish_outbox`` call, on the driver,
-which passes its end offset and the partitions of the run it already saw committed to every task.
-A task then only reads the tail written since the driver's scan, and each Python worker process
-keeps that tail (:class:`_TailCache`) across tasks, since Spark reuses workers: per task the cost is
-the entries committed since the previous task in the same process, typically a handful. The price
-is memory for the tail's keys (bounded: the cache resets above ``_TAIL_CACHE_MAX`` keys) and a
-driver scan that grows with the ledger; the compacted topic keeps one record per partition ever
-published, which is ~150 bytes each (a million partitions is ~150 MB to read once per job; prune
-old runs with tombstones if that ever matters). Caching is sound because a committed entry never
-becomes uncommitted.
+which hands every task its end offset, the partitions of the run it saw committed and any
+candidates it could not resolve yet (above the LSO; the driver never waits). A task then reads only
+the tail written since the driver's scan, and each Python worker process keeps that tail
+(:class:`_TailCache`) across tasks, since Spark reuses workers: per task the cost is the entries
+written since the previous task in the same process, typically a handful. The price is memory for
+the tail's keys (the cache resets above ``_TAIL_CACHE_MAX`` keys) and a driver scan that grows with
+the ledger; the compacted topic keeps one record per partition ever published, ~200 bytes each (a
+million partitions is ~200 MB to read once per call; delete old runs with tombstones if it ever
+matters). Caching is sound: a decided record never changes its fate.
 """
 
 from __future__ import annotations
@@ -37,7 +49,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,67 +98,98 @@ def entry_value(
 
 
 class LedgerReader:
-    """Reads committed ledger records from one offset up to the log end (see the module doc)."""
+    """The two reads of the module doc over partition 0 of the ledger topic."""
 
     def __init__(self, kafka: Mapping[str, Any], topic: str) -> None:
         base = client_config(kafka)
         self.topic = topic
-        self.bootstrap = str(base.get("bootstrap.servers"))
         self._tp = TopicPartition(topic, 0)
         common = {
             **base,
             "group.id": "eosink-ledger-reader",  # never joins or commits; assign() only
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
             "fetch.wait.max.ms": 10,
             "auto.offset.reset": "earliest",
         }
-        self._committed = Consumer({**common, "isolation.level": "read_committed", "enable.partition.eof": True})
-        # A read_committed consumer's ListOffsets answers the LSO; the log end needs read_uncommitted.
         self._uncommitted = Consumer({**common, "isolation.level": "read_uncommitted"})
+        self._committed = Consumer({**common, "isolation.level": "read_committed"})
 
-    def end_offset(self, timeout_s: float) -> int:
+    def _watermark(self, consumer: Consumer, what: str, timeout_s: float) -> int:
         try:
-            _, high = self._uncommitted.get_watermark_offsets(self._tp, timeout=timeout_s, cached=False)
+            _, high = consumer.get_watermark_offsets(self._tp, timeout=timeout_s, cached=False)
         except KafkaException as e:
-            raise LedgerError(f"cannot read the end offset of ledger topic '{self.topic}': {e.args[0].str()}") from None
+            raise LedgerError(f"cannot read the {what} of ledger topic '{self.topic}': {e.args[0].str()}") from None
         return int(high)
 
-    def scan(self, start: int, timeout_s: float) -> tuple[dict[str, bytes], int]:
-        """Committed ``key -> value`` in ``[start, end)`` and ``end``, the log end at call time."""
+    def end_offset(self, timeout_s: float = 15.0) -> int:
+        """The log end (high watermark): what a read_uncommitted ListOffsets answers."""
+        return self._watermark(self._uncommitted, "end offset", timeout_s)
+
+    def stable_offset(self, timeout_s: float = 15.0) -> int:
+        """The last stable offset: a read_committed consumer's ListOffsets answers that, not the end."""
+        return self._watermark(self._committed, "last stable offset", timeout_s)
+
+    def _read(
+        self, consumer: Consumer, start: int, stop: int, timeout_s: float, why: str
+    ) -> Iterable[tuple[int, str | None, bytes | None]]:
+        """``(offset, key, value)`` from ``start`` until the fetch position passes ``stop - 1``."""
+        if start >= stop:
+            return
         deadline = time.monotonic() + timeout_s
-        end = self.end_offset(timeout_s)
-        found: dict[str, bytes] = {}
-        if start >= end:
-            return found, max(start, end)
-        self._committed.assign([TopicPartition(self.topic, 0, start)])
+        consumer.assign([TopicPartition(self.topic, 0, start)])
         try:
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise LedgerError(
-                        f"ledger topic '{self.topic}' could not be read to offset {end} within {timeout_s:.0f}s "
-                        "(an open transaction holds its last stable offset back; it ends at its "
-                        "transaction.timeout.ms at the latest)"
+                        f"ledger topic '{self.topic}' could not be read to offset {stop} within {timeout_s:.0f}s "
+                        f"({why})"
                     )
-                msg = self._committed.poll(min(remaining, 1.0))
+                msg = consumer.poll(min(remaining, 1.0))
                 if msg is None:
                     continue
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        if msg.offset() >= end:
-                            break
-                        continue  # stopped at the LSO below the end: wait for it to move
+                        if msg.offset() >= stop:
+                            return
+                        continue  # read_committed stopped at the LSO below ``stop``: wait for it
                     raise LedgerError(f"reading ledger topic '{self.topic}': {err.str()}")
                 key = msg.key()
-                if key is not None:
-                    found[key.decode()] = msg.value()
-                if msg.offset() + 1 >= end:
-                    break
+                yield msg.offset(), key.decode() if key is not None else None, msg.value()
+                if msg.offset() + 1 >= stop:
+                    return
         finally:
-            self._committed.unassign()
-        return found, end
+            consumer.unassign()
+
+    def scan(self, start: int, timeout_s: float) -> tuple[dict[str, list[tuple[int, bytes]]], int]:
+        """Step 1: every record (committed or not) in ``[start, end)`` by key, and ``end``."""
+        end = self.end_offset(timeout_s)
+        found: dict[str, list[tuple[int, bytes]]] = {}
+        for offset, key, value in self._read(self._uncommitted, start, end, timeout_s, "read_uncommitted"):
+            if key is not None and value is not None:
+                found.setdefault(key, []).append((offset, value))
+        return found, max(start, end)
+
+    def committed(self, candidates: Mapping[str, Iterable[int]], timeout_s: float) -> dict[str, bytes]:
+        """Step 2: which of these ``key -> offsets`` are committed (the committed value, by key).
+
+        Waits for the LSO to pass the last candidate, i.e. only for transactions that began
+        before it; every candidate must already be decided (the callers make sure of that).
+        """
+        wanted = {(off, key) for key, offs in candidates.items() for off in offs}
+        if not wanted:
+            return {}
+        lo, hi = min(o for o, _ in wanted), max(o for o, _ in wanted) + 1
+        out: dict[str, bytes] = {}
+        why = "an open transaction that began before a candidate entry holds the LSO back; it ends at its "
+        why += "transaction.timeout.ms at the latest"
+        for offset, key, value in self._read(self._committed, lo, hi, timeout_s, why):
+            if (offset, key) in wanted and key is not None and value is not None:
+                out[key] = value
+        return out
 
     def close(self) -> None:
         for c in (self._committed, self._uncommitted):
@@ -158,43 +201,57 @@ class LedgerReader:
 
 @dataclass
 class RunState:
-    """What the driver learnt about one run from a full ledger scan."""
+    """What the driver learnt about one run from a full ledger scan (without ever waiting)."""
 
-    entries: dict[int, LedgerEntry]
+    entries: dict[int, LedgerEntry]  # committed partitions
+    pending: dict[int, tuple[int, ...]]  # partition -> entry offsets not decided yet (above the LSO)
     marker: LedgerEntry | None
     end_offset: int
 
 
 def read_run(kafka: Mapping[str, Any], topic: str, job: str, run_id: str, timeout_s: float) -> RunState:
-    """Full scan (driver side, once per publish): this run's committed partitions and marker."""
+    """Driver side, once per publish: this run's committed partitions, undecided ones and marker."""
     reader = LedgerReader(kafka, topic)
     try:
         found, end = reader.scan(0, timeout_s)
+        prefix = run_prefix(job, run_id)
+        marker = None
+        offsets: dict[int, list[int]] = {}
+        for key, records in found.items():
+            if not key.startswith(prefix):
+                continue
+            suffix = key[len(prefix) :]
+            if suffix == RUN_MARKER:  # written without a transaction: never aborted
+                marker = LedgerEntry.from_bytes(records[-1][1])
+            elif suffix.isdigit():
+                offsets[int(suffix)] = [o for o, _ in records]
+        lso = reader.stable_offset(timeout_s)
+        decided = {prefix + str(p): [o for o in offs if o < lso] for p, offs in offsets.items()}
+        committed = reader.committed(decided, timeout_s)  # all below the LSO: never waits
     finally:
         reader.close()
-    prefix = run_prefix(job, run_id)
-    entries: dict[int, LedgerEntry] = {}
-    marker = None
-    for key, value in found.items():
-        if not key.startswith(prefix) or value is None:
-            continue
-        suffix = key[len(prefix) :]
-        if suffix == RUN_MARKER:
-            marker = LedgerEntry.from_bytes(value)
-        elif suffix.isdigit():
-            entries[int(suffix)] = LedgerEntry.from_bytes(value)
-    return RunState(entries=entries, marker=marker, end_offset=end)
+    entries = {int(k[len(prefix) :]): LedgerEntry.from_bytes(v) for k, v in committed.items()}
+    pending = {
+        p: tuple(o for o in offs if o >= lso) for p, offs in offsets.items() if p not in entries and max(offs) >= lso
+    }
+    return RunState(entries=entries, pending=pending, marker=marker, end_offset=end)
 
 
 class _TailCache:
-    """Keys committed in ``[start, pos)`` of the ledger, kept per Python worker process."""
+    """Records seen in ``[start, pos)`` of the ledger by key, kept per Python worker process."""
 
     def __init__(self, reader: LedgerReader, start: int) -> None:
         self.reader = reader
         self.start = start
         self.pos = start
-        self.keys: dict[str, bytes] = {}
+        self.offsets: dict[str, list[int]] = {}
+        self.committed: dict[str, bytes] = {}
         self.lock = threading.Lock()
+
+    def reset(self, start: int) -> None:
+        self.start = self.pos = start
+        self.offsets = {}
+        self.committed = {}
 
 
 _TAILS: dict[tuple[Any, ...], _TailCache] = {}
@@ -202,12 +259,18 @@ _TAILS_LOCK = threading.Lock()
 
 
 def lookup_committed(
-    kafka: Mapping[str, Any], topic: str, key: str, since_offset: int, timeout_s: float
+    kafka: Mapping[str, Any],
+    topic: str,
+    key: str,
+    since_offset: int,
+    timeout_s: float,
+    pending: Iterable[int] = (),
 ) -> LedgerEntry | None:
-    """Executor side: the committed entry for ``key`` at or after ``since_offset``, or ``None``.
+    """Executor side, after ``init_transactions()``: the committed entry for ``key``, or ``None``.
 
-    The caller already knows the entries before ``since_offset`` (the driver's scan); this reads
-    only the tail, incrementally across the tasks this process runs.
+    The driver decided everything of ``key`` below ``since_offset`` except ``pending`` (offsets it
+    saw undecided); this reads only the tail since then, incrementally across the tasks this
+    process runs, and resolves ``key``'s candidates.
     """
     ident = (tuple(sorted((k, str(v)) for k, v in client_config(kafka).items())), topic)
     with _TAILS_LOCK:
@@ -215,11 +278,15 @@ def lookup_committed(
         if tail is None:
             tail = _TAILS[ident] = _TailCache(LedgerReader(kafka, topic), since_offset)
     with tail.lock:
-        if since_offset < tail.start or since_offset > tail.pos or len(tail.keys) > _TAIL_CACHE_MAX:
-            tail.start = tail.pos = since_offset
-            tail.keys = {}
-        found, end = tail.reader.scan(tail.pos, timeout_s)
-        tail.keys.update(found)
-        tail.pos = max(tail.pos, end)
-        raw = tail.keys.get(key)
+        if since_offset < tail.start or since_offset > tail.pos or len(tail.offsets) > _TAIL_CACHE_MAX:
+            tail.reset(since_offset)
+        if key not in tail.committed:
+            found, end = tail.reader.scan(tail.pos, timeout_s)
+            for k, records in found.items():
+                tail.offsets.setdefault(k, []).extend(o for o, _ in records)
+            tail.pos = max(tail.pos, end)
+            candidates = sorted(set(pending) | set(tail.offsets.get(key, ())))
+            if candidates:
+                tail.committed.update(tail.reader.committed({key: candidates}, timeout_s))
+        raw = tail.committed.get(key)
     return LedgerEntry.from_bytes(raw) if raw is not None else None

@@ -34,7 +34,7 @@ from spark_jobs.task import NEW_IN_THIS_CALL, SUMMARY_DDL, FaultHook, PartitionR
 
 log = logging.getLogger("eosink.spark")
 
-DEFAULT_TRANSACTION_TIMEOUT_MS = 300_000
+DEFAULT_TRANSACTION_TIMEOUT_MS = 120_000
 
 # Throughput-oriented defaults; anything in ``kafka=`` overrides them. ``murmur2_random`` is the
 # Java client's partitioner, so a key lands on the same partition as with Spark's own Kafka sink.
@@ -156,6 +156,7 @@ def publish_outbox(
         ledger_topic=ledger_topic,
         ledger_since=state.end_offset,
         known_published=frozenset(state.entries),
+        pending=state.pending,
         transaction_timeout_ms=transaction_timeout_ms,
         num_partitions=partitions,
         ledger_timeout_s=ledger_timeout_s,

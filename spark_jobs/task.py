@@ -12,9 +12,10 @@ that wakes up late, a whole re-run with the same run id) uses the same transacti
    it *completes* any transaction of an earlier attempt that is already in PrepareCommit and
    *aborts* any that is still open. When it returns, no earlier attempt can commit any more and
    every earlier attempt that did commit has its commit markers written.
-2. Only then read the ledger, with read_committed, up to the log end measured after step 1
-   (see :mod:`spark_jobs.ledger`). An earlier attempt either committed, and then its entry is below
-   that end and seen, so this attempt publishes nothing; or it did not, and then it never will.
+2. Only then read the ledger up to the log end measured after step 1 (how, without waiting on
+   unrelated transactions, is in :mod:`spark_jobs.ledger`). An earlier attempt either committed,
+   and then its entry is below that end and seen, so this attempt publishes nothing; or it did
+   not, and then it never will.
 3. Publish records + ledger entry in one transaction and commit. A later attempt repeats 1-2.
 
 Checking *before* ``init_transactions()`` would leave a window in which an earlier attempt, not
@@ -91,6 +92,7 @@ class TaskSpec:
     ledger_since: int
     known_published: frozenset[int]
     transaction_timeout_ms: int
+    pending: dict[int, tuple[int, ...]] = field(default_factory=dict)  # undecided entry offsets < ledger_since
     num_partitions: int | None = None
     init_timeout_s: float = 30.0
     ledger_timeout_s: float = 60.0
@@ -187,6 +189,7 @@ class PartitionPublisher:
             ledger_key(spec.job, spec.run_id, self.partition),
             spec.ledger_since,
             spec.ledger_timeout_s,
+            pending=spec.pending.get(self.partition, ()),
         )
         self._hook("after_check")
         return entry

@@ -20,7 +20,8 @@ class WorkerProcess:
     """``eosink worker`` as a child process with its own log file."""
 
     def __init__(self, stack, cluster: str, worker_id: str, log_dir: Path, *, fault: str | None = None,
-                 session_timeout: float = 4.0, extra_env: dict[str, str] | None = None) -> None:
+                 session_timeout: float = 4.0, extra_env: dict[str, str] | None = None, metrics_port: int = 0,
+                 zookeeper: str | None = None) -> None:
         self.worker_id = worker_id
         self.log_path = log_dir / f"{worker_id}.log"
         env = {**os.environ, "EOSINK_LOG_FORMAT": "json", "EOSINK_PG_DSN": stack.postgres_dsn, **(extra_env or {})}
@@ -30,8 +31,8 @@ class WorkerProcess:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "worker.cli", "worker", "--bootstrap-servers", stack.kafka_bootstrap,
-             "--zookeeper", stack.zookeeper_hosts, "--cluster", cluster, "--worker-id", worker_id,
-             "--session-timeout", str(session_timeout)],
+             "--zookeeper", zookeeper or stack.zookeeper_hosts, "--cluster", cluster, "--worker-id", worker_id,
+             "--session-timeout", str(session_timeout), "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1"],
             cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
         )
 
@@ -84,6 +85,14 @@ def publish(bootstrap: str, topic: str, partitions: int, *, txns: int, per_txn: 
             p.commit_transaction(30)
             committed.update(ids)
     return committed, aborted
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.25) -> None:

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.procs import WorkerProcess, register, wait_until
+from tests.procs import WorkerProcess, free_port, register, wait_until
 from tests.spark_fixtures import spark  # noqa: F401 - session fixture
 
 pytestmark = pytest.mark.spark
@@ -49,7 +49,8 @@ def test_spark_outbox_to_postgres_exactly_once_and_aborted_txn_never_arrives(spa
         "sinks.files.connector.class": "filesystem", "sinks.files.file.path": str(tmp_path / "out"),
         "commit.interval.ms": "300",
     })
-    worker = WorkerProcess(stack, unique, "w-e2e", tmp_path)
+    port = free_port()
+    worker = WorkerProcess(stack, unique, "w-e2e", tmp_path, metrics_port=port)
 
     def delivered() -> int:
         if not pg.execute("SELECT to_regclass(%s)", (unique,)).fetchone()[0]:
@@ -58,6 +59,16 @@ def test_spark_outbox_to_postgres_exactly_once_and_aborted_txn_never_arrives(spa
 
     try:
         wait_until(lambda: delivered() >= n, 120, f"{n} rows in PostgreSQL")
+        import urllib.request
+
+        def scraped() -> str:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+        wait_until(lambda: f'eosink_records_delivered_total{{connector="{connector}"}} {float(n)}' in scraped(), 30,
+                   "the delivered count on /metrics")
+        text = scraped()
+        assert f'eosink_cycles_total{{connector="{connector}",outcome="succeeded"}}' in text
+        assert "eosink_cycle_duration_seconds_bucket" in text and "eosink_prepared_unresolved" in text
     finally:
         assert worker.stop() == 0, worker.log_text()[-3000:]
 

@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from connectors.errors import ConfigError, FatalError, FencedError, RecordError, RetryableError
 from connectors.postgres import PostgresSink
@@ -240,6 +241,44 @@ def test_empty_cycle_commits_and_commits_again(make_sink: MakeSink, pg: PG, uniq
     assert prepared_gids(pg, unique) == []
 
 
+def test_second_postgres_sink_of_a_connector_on_the_same_server_is_refused_not_skipped(
+    make_sink: MakeSink, pg: PG, topic: str, unique: str
+) -> None:
+    # a fanout with two postgres sinks into one database: both would prepare GID eosink:<txn>
+    orders = make_sink({"table.name.format": "${topic}"})
+    audit = make_sink({"table.name.format": "${topic}_audit"})
+    recs = records(topic, [order(0)])
+    m = manifest(f"{unique}.w1.1.1", unique, recs)
+    for sink in (orders, audit):
+        sink.begin_transaction(m.txn_id)
+        sink.write(recs)
+    orders.pre_commit(m)
+    with pytest.raises(ConfigError, match="only one postgres sink per PostgreSQL server"):
+        audit.pre_commit(m)
+    orders.pre_commit(m)  # the same sink replaying its prepare is still a no-op
+    orders.abort(m.txn_id)
+    assert prepared_gids(pg, unique) == []
+
+
+def test_second_postgres_sink_of_a_connector_in_another_database_of_the_server_is_refused(
+    make_sink: MakeSink, pg: PG, stack: Endpoints, topic: str, unique: str
+) -> None:
+    other_db = f"{unique}_db2"
+    pg.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(other_db)))
+    try:
+        url = conninfo_to_dict(stack.postgres_dsn)
+        first = make_sink()
+        second = make_sink({"connection.url": make_conninfo("", **{**url, "dbname": other_db})})
+        recs = records(topic, [order(0)])
+        prepare(first, f"{unique}.w1.1.1", recs)
+        with pytest.raises(ConfigError, match="only one postgres sink per PostgreSQL server"):
+            prepare(second, f"{unique}.w1.1.1", recs)  # GIDs are per server: PREPARE says 42710
+        first.commit(f"{unique}.w1.1.1")
+        second.close()
+    finally:
+        pg.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(other_db)))
+
+
 # -- fencing ------------------------------------------------------------------------------------
 def test_stale_epoch_prepare_is_fenced(make_sink: MakeSink, pg: PG, topic: str, table: str, unique: str) -> None:
     owner, zombie = make_sink(), make_sink()
@@ -273,7 +312,11 @@ def test_zombie_prepare_waits_for_newer_prepared_epoch_then_is_fenced(
 
     t = threading.Thread(target=zombie_cycle)
     t.start()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 8
+    while not scalar(pg, "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
+                     f"eosink/{unique}"):
+        assert time.monotonic() < deadline and not outcome, f"the zombie never waited on the partition row: {outcome}"
+        time.sleep(0.02)
     assert outcome == [], "the zombie must wait on the partition row the newer epoch holds"
     owner.commit(f"{unique}.w2.2.1")
     t.join(10)
@@ -400,6 +443,19 @@ def test_wrong_type_names_topic_partition_offset_and_column(
     assert count(pg, table) == 1, "nothing of the batch may become visible"
     assert prepared_gids(pg, unique) == [] and manifests_of(pg, unique) == []
     sink.abort(f"{unique}.w1.1.2")
+
+
+@pytest.mark.parametrize(("field", "bad"), [("id", True), ("paid", 1), ("amount", False), ("customer", 7), ("customer", {"a": 1})])
+def test_json_types_are_not_coerced_into_columns(
+    make_sink: MakeSink, pg: PG, topic: str, table: str, unique: str, field: str, bad: Any
+) -> None:
+    """psycopg's binary dumpers would take true as 1 for a bigint, or 1 as true for a boolean."""
+    sink = make_sink()
+    cycle(sink, f"{unique}.w1.1.1", records(topic, [order(0)]))
+    with pytest.raises(RecordError, match="does not fit column") as err:
+        prepare(sink, f"{unique}.w1.1.2", records(topic, [order(1), order(2, **{field: bad})], start=1))
+    assert (err.value.offset, err.value.column) == (2, field)
+    assert count(pg, table) == 1
 
 
 @pytest.mark.parametrize(

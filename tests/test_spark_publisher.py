@@ -111,8 +111,12 @@ def test_task_failing_before_commit_is_never_visible(spark, stack, make_topic, u
     topic = make_topic(1)
     # Partition 1's first attempt flushes its records and ledger entry, then its Python worker dies
     # without aborting (a crashed executor); the retry's init_transactions aborts that transaction.
-    res = publish(spark, stack, topic, unique, fault_hook=FailAt("before_commit", partitions=frozenset({1}), crash=True))
+    crash = FailAt("before_commit", partitions=frozenset({1}), crash=True)
+    res = publish(spark, stack, topic, unique, fault_hook=crash, ledger_timeout_s=20)
     assert res.partitions[1].attempt == 1 and res.records == N
+    # The crashed transaction held the ledger's LSO until the retry aborted it; the other
+    # partitions' ledger checks must not have waited for it (no LedgerError, no retry).
+    assert [p.attempt for p in res.partitions] == [0, 1, 0, 0]
 
     assert_exactly_once(read_topic(stack.kafka_bootstrap, topic), keys(0, N))
     in_log = read_topic(stack.kafka_bootstrap, topic, isolation="read_uncommitted")

@@ -62,32 +62,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
         worker_id=args.worker_id,
         session_timeout_s=args.session_timeout,
     )
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, addr=args.metrics_host)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     worker = Worker(opts)
-    if args.exit_when_idle:
-        threading.Thread(target=_exit_when_idle, args=(worker, stop, args.exit_when_idle), daemon=True).start()
     worker.run(stop)
     return 0
-
-
-def _exit_when_idle(worker, stop: threading.Event, seconds: float) -> None:
-    """For demos and benchmarks: stop once no task has delivered anything for ``seconds``."""
-    import time
-
-    from worker import metrics
-
-    def delivered() -> float:
-        return sum(s.value for m in metrics.RECORDS.collect() for s in m.samples if s.name.endswith("_total"))
-
-    last, since = -1.0, time.monotonic()
-    while not stop.wait(0.5):
-        now = delivered()
-        if now != last:
-            last, since = now, time.monotonic()
-        elif now > 0 and time.monotonic() - since > seconds:
-            stop.set()
 
 
 def cmd_connectors(args: argparse.Namespace) -> int:
@@ -128,7 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--worker-id", default=os.environ.get("EOSINK_WORKER_ID", ""), help="stable id (EOSINK_WORKER_ID)")
     w.add_argument("--session-timeout", type=float, default=float(os.environ.get("EOSINK_SESSION_TIMEOUT", "10")),
                    help="ZooKeeper session timeout, seconds (EOSINK_SESSION_TIMEOUT)")
-    w.add_argument("--exit-when-idle", type=float, default=0.0, help=argparse.SUPPRESS)
+    w.add_argument("--metrics-port", type=int, default=int(os.environ.get("EOSINK_METRICS_PORT", "0")),
+                   help="serve Prometheus /metrics on this port; 0 = off (EOSINK_METRICS_PORT)")
+    w.add_argument("--metrics-host", default=os.environ.get("EOSINK_METRICS_HOST", "0.0.0.0"), help="(EOSINK_METRICS_HOST)")
     w.set_defaults(func=cmd_worker)
 
     c = sub.add_parser("connectors", help="register and manage connectors")

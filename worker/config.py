@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from connectors.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
+from connectors.config import MASK, ConfigDef, Importance, Type, at_least, non_empty, one_of
 from connectors.errors import ConfigError
 from connectors.sink import TwoPhaseCommitSink
 
@@ -60,6 +60,25 @@ COMMON = (
     .define("value.converter", Type.STRING, "json", "json | string | bytes (or Kafka Connect's class names).")
     .define("consumer.auto.offset.reset", Type.STRING, "earliest", "Where to start a partition no decision names yet.",
             validator=one_of("earliest", "latest"))
+    # -- bad records and errors, as Kafka Connect names them (see worker/deadletter.py) --------------------------
+    .define("errors.tolerance", Type.STRING, "none", "none: a record that cannot be converted or that a sink rejects "
+            "fails the task (the reason is in /status). all: it goes to the dead-letter topic, exactly once, in the "
+            "same cycle, and the partition moves on.", Importance.MEDIUM, one_of("none", "all"))
+    .define("errors.deadletterqueue.topic.name", Type.STRING, "", "Dead-letter topic; required with errors.tolerance=all "
+            "(a tolerated record is never dropped silently). Created when missing.", Importance.MEDIUM)
+    .define("errors.deadletterqueue.topic.replication.factor", Type.INT, -1, "Replication factor of the dead-letter topic "
+            "when it is created; -1 = the broker's default.", Importance.LOW)
+    .define("errors.deadletterqueue.context.headers.enable", Type.BOOLEAN, True, "Add __connect.errors.* headers (topic, "
+            "partition, offset, stage, exception class and message) to each dead-letter record.", Importance.LOW)
+    .define("errors.retry.timeout", Type.LONG, -1, "How long a cycle that keeps failing with a retryable sink error is "
+            "retried, in ms, before the task fails; -1 = forever, 0 = fail at the first error.", Importance.MEDIUM,
+            at_least(-1))
+    .define("errors.retry.delay.max.ms", Type.LONG, 10_000, "Longest backoff between retries of a failed cycle "
+            "(exponential with jitter up to this).", Importance.MEDIUM, at_least(1))
+    .define("errors.log.enable", Type.BOOLEAN, False, "Log every tolerated bad record (topic, partition, offset, error).",
+            Importance.LOW)
+    .define("errors.log.include.messages", Type.BOOLEAN, False, "With errors.log.enable: also log the record's key and "
+            "value.", Importance.LOW)
 )
 
 _REF = re.compile(r"\$\{(env|file):([^}]*)\}")
@@ -137,7 +156,9 @@ class ConnectorConfig:
         for spec in self.sinks:
             prefix = "" if spec.alias == "" else f"sinks.{spec.alias}."
             secret |= {prefix + k for k in spec.cls.CONFIG.passwords()}
-        return {k: ("[hidden]" if k in secret and v not in (None, "") else v) for k, v in self.raw.items()}
+        # Kafka client passthroughs are untyped: hide their credentials by name (sasl.password, ...).
+        secret |= {k for k in self.raw if k.startswith("consumer.override.") and _looks_secret(k)}
+        return {k: (MASK if k in secret and v not in (None, "") else v) for k, v in self.raw.items()}
 
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,99}$")
@@ -164,6 +185,9 @@ def parse_connector(name: Any, config: Any, *, source: str | None = None, resolv
         resolved = dict(raw)
         skip = frozenset(k for k, v in raw.items() if isinstance(v, str) and _REF.search(v))
     settings = COMMON.parse(resolved, source=source, skip=skip)
+    if settings["errors.tolerance"] == "all" and not settings["errors.deadletterqueue.topic.name"]:
+        raise ConfigError("is required with errors.tolerance=all: a tolerated record goes to the dead-letter topic, "
+                          "it is never dropped silently", key="errors.deadletterqueue.topic.name", source=source)
     cls_name = settings["connector.class"]
     if cls_name == FANOUT:
         aliases = ConfigDef().define("sinks", Type.LIST, validator=non_empty).parse(resolved, source=source)["sinks"]
@@ -207,3 +231,35 @@ def load_connector_file(path: str | Path, *, resolve: bool = True) -> ConnectorC
     if "config" not in doc:
         raise ConfigError("'config' is required: {\"name\": ..., \"config\": {...}}", key="config", source=str(p))
     return parse_connector(doc.get("name"), doc["config"], source=str(p), resolve=resolve)
+
+
+def _looks_secret(key: str) -> bool:
+    k = key.lower()
+    return any(w in k for w in ("password", "secret", "token", "credential", "jaas")) or k.endswith(".key")
+
+
+def masked_config(name: str, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``raw`` as it may be shown (REST responses, logs): password-typed values hidden.
+
+    A stored config always parses (it was validated when registered); should one not - a
+    connector class removed since - every key that looks secret is hidden instead, so a
+    response never falls back to showing a secret.
+    """
+    try:
+        return parse_connector(name, dict(raw), resolve=False).masked()
+    except ConfigError:
+        return {k: (MASK if _looks_secret(k) and v not in (None, "") else v) for k, v in raw.items()}
+
+
+def secret_values(cfg: ConnectorConfig) -> list[str]:
+    """The values of password-typed keys, as given and as resolved, for log and response redaction."""
+    out: list[str] = []
+    masked = cfg.masked()
+    for k, v in cfg.raw.items():
+        if masked.get(k) == MASK and isinstance(v, str):
+            out.append(v)
+            try:
+                out.append(str(resolve_providers(v, key=k)))
+            except ConfigError:
+                pass
+    return [v for v in out if not _REF.fullmatch(v)]

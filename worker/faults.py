@@ -1,7 +1,8 @@
 """Fault-injection points for the process-level chaos tests.
 
-Enabled only by the environment: ``EOSINK_FAULT=<point>[:<nth>]`` kills this process with
-SIGKILL the ``nth`` time (default 1st) execution reaches ``point``. When the variable is unset
+Enabled only by the environment: ``EOSINK_FAULT=<point>[:<nth>[:<action>]]`` acts the ``nth``
+time (default 1st) execution reaches ``point``: ``kill`` (default) sends this process SIGKILL,
+``stop`` sends it SIGSTOP (a paused "zombie" that a test later wakes with SIGCONT). When the variable is unset
 ``hit`` is a constant no-op, so production pays one attribute lookup per step.
 
 Points, in cycle order: ``begin``, ``flush``, ``pre_commit`` (first sink prepared), ``after_prepare`` (before the
@@ -23,21 +24,25 @@ class _Faults:
         self.point: str | None = None
         self.nth = 1
         self.seen = 0
+        self.signal = signal.SIGKILL
         if spec:
-            point, _, nth = spec.partition(":")
+            point, nth, action = (spec.split(":") + ["", ""])[:3]
             if point not in POINTS:
                 raise ValueError(f"EOSINK_FAULT: unknown point {point!r}; one of {', '.join(POINTS)}")
+            if action not in ("", "kill", "stop"):
+                raise ValueError(f"EOSINK_FAULT: unknown action {action!r}; kill or stop")
             self.point = point
             self.nth = int(nth or 1)
+            self.signal = signal.SIGSTOP if action == "stop" else signal.SIGKILL
 
     def hit(self, point: str) -> None:
         if point != self.point:
             return
         self.seen += 1
         if self.seen == self.nth:
-            sys.stderr.write(f"EOSINK_FAULT: killing pid {os.getpid()} at {point} #{self.seen}\n")
+            sys.stderr.write(f"EOSINK_FAULT: {self.signal.name} to pid {os.getpid()} at {point} #{self.seen}\n")
             sys.stderr.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), self.signal)
 
 
 FAULTS = _Faults(os.environ.get("EOSINK_FAULT"))

@@ -18,6 +18,38 @@ from typing import Any
 import structlog
 
 _configured = False
+_secrets: set[str] = set()
+_secrets_lock = threading.Lock()
+REDACTED = "[hidden]"
+
+
+def register_secret(value: str) -> None:
+    """Remember a secret (a resolved password-typed config value): it is cut out of every log line
+    and REST response from now on, wherever it turns up (an exception message quoting a DSN...).
+    Values shorter than 4 characters are not registered: they would redact ordinary words."""
+    if isinstance(value, str) and len(value) >= 4 and value != REDACTED:
+        with _secrets_lock:
+            _secrets.add(value)
+
+
+def redact(obj: Any) -> Any:
+    """``obj`` (str, list, dict, nested) with every registered secret replaced by ``[hidden]``."""
+    if not _secrets:
+        return obj
+    if isinstance(obj, str):
+        for s in _secrets:
+            if s in obj:
+                obj = obj.replace(s, REDACTED)
+        return obj
+    if isinstance(obj, dict):
+        return {k: redact(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [redact(v) for v in obj]
+    return obj
+
+
+def _redact_processor(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+    return redact(event) if _secrets else event
 
 
 def configure(level: str | None = None, *, json: bool | None = None) -> None:
@@ -33,6 +65,7 @@ def configure(level: str | None = None, *, json: bool | None = None) -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            _redact_processor,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level_name)),

@@ -18,12 +18,43 @@ from connectors.errors import FatalError, RecordError, RetryableError
 from connectors.records import SinkRecord, TopicPartition
 
 
+#: A cycle carries at most this many failed records (they are listed in one ZooKeeper znode).
+MAX_FAILED_PER_BATCH = 1000
+
+
+@dataclass
+class FailedRecord:
+    """A record that could not be delivered, kept as it was on the topic for the dead-letter topic.
+
+    ``stage`` is Kafka Connect's name for where it failed: ``VALUE_CONVERTER`` (undecodable) or
+    ``TASK_PUT`` (a sink rejected it).
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp_ms: int
+    error: RecordError
+    stage: str = "VALUE_CONVERTER"
+
+    @classmethod
+    def of(cls, record: SinkRecord, error: RecordError, stage: str = "TASK_PUT") -> "FailedRecord":
+        return cls(record.topic, record.partition, record.offset, record.key, record.raw_value, record.headers,
+                   record.timestamp_ms, error, stage)
+
+
 @dataclass
 class Batch:
     records: list[SinkRecord] = field(default_factory=list)
     nbytes: int = 0
     #: The first record that could not be converted; nothing at or after it is in ``records``.
     error: RecordError | None = None
+    #: With ``errors.tolerance=all``: records that could not be converted, in the batch's range
+    #: (``records`` holds the others, the batch goes on past them).
+    failed: list[FailedRecord] = field(default_factory=list)
 
 
 class RecordSource(Protocol):
@@ -39,8 +70,33 @@ class RecordSource(Protocol):
     def close(self) -> None: ...
 
 
+_loads = json.loads
+_detect_encoding = json.detect_encoding
+_scan_once = json.JSONDecoder().scan_once  # the C scanner of the decoder json.loads uses
+_whitespace = json.decoder.WHITESPACE.match
+_JSONDecodeError = json.JSONDecodeError
+
+
 def _json(raw: bytes | None) -> Any:
-    return None if raw is None else json.loads(raw)
+    """``json.loads(raw)`` - same result, same errors - without its Python layers on the usual
+    input (bytes starting ``{``): they cost a third of decoding a 200-byte record."""
+    if raw is None:
+        return None
+    if raw.__class__ is not bytes or raw[:1] != b"{" or raw[1:2] == b"\x00":
+        return _loads(raw)  # what json.loads does for anything else: its own encoding detection
+    # json.loads(bytes) = decode(detect_encoding(raw), "surrogatepass") then JSONDecoder.decode;
+    # detect_encoding() is "utf-8" when the first byte is "{" and the second is not NUL, and
+    # JSONDecoder.decode skips no leading whitespace before a "{".
+    s = raw.decode("utf-8", "surrogatepass")
+    try:
+        obj, end = _scan_once(s, 0)
+    except StopIteration as err:
+        raise _JSONDecodeError("Expecting value", s, err.value) from None
+    if end != len(s):
+        end = _whitespace(s, end).end()
+        if end != len(s):
+            raise _JSONDecodeError("Extra data", s, end)
+    return obj
 
 
 def _string(raw: bytes | None) -> Any:
@@ -103,10 +159,13 @@ class KafkaSource:
         reset: str = "earliest",
         overrides: Mapping[str, Any] | None = None,
         fetch_batch: int = 10_000,
+        tolerate: bool = False,
     ) -> None:
         from confluent_kafka import Consumer
 
         self.connector = connector
+        #: errors.tolerance=all: an undecodable record goes to ``Batch.failed`` and the batch goes on.
+        self.tolerate = tolerate
         conf: dict[str, Any] = {
             "bootstrap.servers": bootstrap,
             "group.id": f"eosink-{connector}",
@@ -151,10 +210,11 @@ class KafkaSource:
 
         batch = Batch()
         out = batch.records
+        append = out.append
         decode = self.decode
         deadline = time.monotonic() + timeout_s
         nbytes = 0
-        while len(out) < max_records and nbytes < max_bytes:
+        while len(out) < max_records and nbytes < max_bytes and len(batch.failed) < MAX_FAILED_PER_BATCH:
             if self._pending:
                 msgs, self._pending = self._pending, []
             else:
@@ -175,15 +235,24 @@ class KafkaSource:
                 try:
                     value = decode(raw)
                 except (ValueError, UnicodeDecodeError) as exc:
-                    self._pending = []
-                    batch.error = RecordError(
+                    error = RecordError(
                         f"value cannot be decoded as {decode.__name__.strip('_')}: {exc}",
                         topic=m.topic(), partition=m.partition(), offset=m.offset(), component="converter",
                     )
+                    if self.tolerate:
+                        headers = m.headers()
+                        batch.failed.append(FailedRecord(m.topic(), m.partition(), m.offset(), m.key(), raw,
+                                                         tuple(headers) if headers else (), m.timestamp()[1], error))
+                        if len(batch.failed) >= MAX_FAILED_PER_BATCH:
+                            self._pending = msgs[i + 1:]
+                            break  # the dead-letter manifest of one cycle stays small
+                        continue
+                    self._pending = []
+                    batch.error = error
                     batch.nbytes = nbytes
                     return batch
                 headers = m.headers()
-                out.append(
+                append(
                     SinkRecord(m.topic(), m.partition(), m.offset(), m.key(), value, raw,
                                tuple(headers) if headers else (), m.timestamp()[1])
                 )

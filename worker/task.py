@@ -44,6 +44,7 @@ from connectors.errors import (
     CommitStateUnknownError,
     EosinkError,
     FatalError,
+    FencedError,
     Outcome,
     RecordError,
     RetryableError,
@@ -55,7 +56,7 @@ from worker import metrics
 from worker.decision import DecisionLog, Grant, PartitionsFenced
 from worker.faults import FAULTS
 from worker.logging import get_logger
-from worker.source import RecordSource
+from worker.source import Batch, FailedRecord, RecordSource
 
 log = get_logger("worker.task")
 
@@ -83,6 +84,8 @@ class CycleResult:
     records: int = 0
     nbytes: int = 0
     error: BaseException | None = None
+    #: A sink rejected a record under errors.tolerance=all: redo the cycle at once without it.
+    redo: bool = False
 
 
 @dataclass
@@ -95,6 +98,17 @@ class TaskSettings:
     backoff_max_s: float = 10.0
     #: How long to wait for ZooKeeper to come back before leaving an unknown decision to recovery.
     unknown_decision_wait_s: float = 30.0
+    #: Re-run recovery over the held partitions this often (and after every aborted cycle), so a
+    #: txn a zombie prepared after our recovery, then failed to abort, is found and aborted.
+    recovery_interval_s: float = 60.0
+    #: ``errors.tolerance=all``: a bad record goes to the dead-letter sink and the partition moves on.
+    tolerate_errors: bool = False
+    #: ``errors.log.enable`` / ``errors.log.include.messages``.
+    log_errors: bool = False
+    log_error_messages: bool = False
+    #: ``errors.retry.timeout``: a task whose cycles keep failing with retryable errors this long
+    #: fails (the reason in its status); negative = retry forever.
+    retry_timeout_s: float = -1.0
 
 
 @dataclass
@@ -112,6 +126,10 @@ class TaskStatus:
     partitions: list[str] = field(default_factory=list)
     trace: str | None = None
     unresolved: list[Unresolved] = field(default_factory=list)
+    #: Records delivered per partition since this task acquired it, and the last measured lag.
+    delivered: dict[str, int] = field(default_factory=dict)
+    lag: dict[str, int] = field(default_factory=dict)
+    paused: bool = False
 
 
 class Backoff:
@@ -129,15 +147,28 @@ class Backoff:
         self.attempt = 0
 
 
-def _ranges(records: Sequence[SinkRecord], grants: dict[TopicPartition, Grant]) -> tuple[PartitionRange, ...]:
-    first: dict[TopicPartition, int] = {}
-    last: dict[TopicPartition, int] = {}
+def _ranges(records: Sequence[SinkRecord], grants: dict[TopicPartition, Grant],
+            failed: Sequence[FailedRecord] = ()) -> tuple[tuple[PartitionRange, ...], dict[TopicPartition, int]]:
+    """The txn's range per partition - over the bad records too, so the decision moves past them -
+    and how many good records each partition delivers."""
+    first: dict[tuple[str, int], int] = {}
+    last: dict[tuple[str, int], int] = {}
+    count: dict[tuple[str, int], int] = {}
     for r in records:
-        tp = TopicPartition(r.topic, r.partition)
-        if tp not in first:
-            first[tp] = r.offset
-        last[tp] = r.offset
-    return tuple(PartitionRange(tp.topic, tp.partition, first[tp], last[tp], grants[tp].epoch) for tp in sorted(first))
+        k = (r.topic, r.partition)
+        c = count.get(k)
+        if c is None:
+            first[k] = r.offset
+            count[k] = 1
+        else:
+            count[k] = c + 1
+        last[k] = r.offset
+    for f in failed:
+        k = (f.topic, f.partition)
+        first[k] = min(first.get(k, f.offset), f.offset)
+        last[k] = max(last.get(k, f.offset), f.offset)
+    ranges = tuple(PartitionRange(t, p, first[(t, p)], last[(t, p)], grants[TopicPartition(t, p)].epoch) for t, p in sorted(first))
+    return ranges, {TopicPartition(t, p): n for (t, p), n in count.items()}
 
 
 class SinkTask:
@@ -154,10 +185,21 @@ class SinkTask:
         *,
         sleep: Callable[[float], None] = time.sleep,
         on_fenced: Callable[[frozenset[TopicPartition]], None] | None = None,
+        dead_letter: TwoPhaseCommitSink | None = None,
     ) -> None:
         self.connector = connector
         self.worker_id = worker_id
         self.sinks = list(sinks)
+        #: errors.tolerance=all: the last sink, with ``report(failed)`` (see worker.deadletter).
+        self.dead_letter = dead_letter
+        if dead_letter is not None:
+            self.sinks.append(dead_letter)
+        #: Records a sink rejected, by (topic, partition, offset): routed to the dead-letter sink when met again.
+        self._poison: dict[tuple[str, int, int], RecordError] = {}
+        self.paused = False
+        self.delivered: dict[TopicPartition, int] = {}
+        self.lag: dict[TopicPartition, int] = {}
+        self._failing_since: float | None = None
         self.source = source
         self.log = decision_log
         self.settings = settings or TaskSettings()
@@ -174,6 +216,8 @@ class SinkTask:
         self._backoff = Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s)
         self._lock = threading.RLock()
         self._desired: set[TopicPartition] | None = None
+        self._lag_at = 0.0
+        self._recovered_at = time.monotonic()
         self.logger = structlog.get_logger("worker.task").bind(connector=connector, worker=worker_id)
 
     # ------------------------------------------------------------------ lifecycle
@@ -191,7 +235,9 @@ class SinkTask:
 
     def status(self) -> TaskStatus:
         with self._lock:
-            return TaskStatus(self.state, sorted(str(tp) for tp in self.grants), self.trace, list(self.unresolved.values()))
+            return TaskStatus(self.state, sorted(str(tp) for tp in self.grants), self.trace, list(self.unresolved.values()),
+                              {str(tp): self.delivered.get(tp, 0) for tp in self.grants},
+                              {str(tp): lag for tp, lag in self.lag.items() if tp in self.grants}, self.paused)
 
     def _fail(self, exc: BaseException) -> None:
         self.state = TaskState.FAILED
@@ -221,6 +267,8 @@ class SinkTask:
                 for tp in gone:
                     self.grants.pop(tp)
                     self._unrecovered.discard(tp)
+                    self.delivered.pop(tp, None)
+                self._poison = {k: v for k, v in self._poison.items() if (k[0], k[1]) in wanted}
             new = wanted - set(self.grants)
             if new:
                 self.grants.update(self.log.acquire(self.connector, new))
@@ -263,6 +311,7 @@ class SinkTask:
                 self.logger.warning("recovery_retry", error=str(exc))
             return False
         self._unrecovered -= targets
+        self._recovered_at = time.monotonic()
         metrics.UNRESOLVED.labels(self.connector).set(len(self.unresolved))
         if not self._unrecovered and self.state is TaskState.RECOVERING:
             self.state = TaskState.RUNNING if self.grants else TaskState.UNASSIGNED
@@ -298,17 +347,22 @@ class SinkTask:
     # ------------------------------------------------------------------ the cycle
     def run_cycle(self) -> CycleResult:
         with self._lock:
-            if self.state is TaskState.FAILED or self.state is TaskState.STOPPED:
+            if self.state is TaskState.FAILED or self.state is TaskState.STOPPED or self.paused:
                 return CycleResult(CycleOutcome.EMPTY)
             if self._abort_pending and not self._retry_aborts():
                 return CycleResult(CycleOutcome.ABORTED)
+            if time.monotonic() - self._recovered_at > self.settings.recovery_interval_s:
+                self._unrecovered |= set(self.grants)
             if self._unrecovered:
                 if not self._recover_pending():
                     return CycleResult(CycleOutcome.ABORTED)
                 self._position()
             if not self.active_partitions():
                 return CycleResult(CycleOutcome.EMPTY)
-            return self._cycle()
+            result = self._cycle()
+            while result.redo:  # one more rejected record is known now: deliver the rest without it
+                result = self._cycle()
+            return result
 
     def _cycle(self) -> CycleResult:
         s = self.settings
@@ -316,21 +370,26 @@ class SinkTask:
         txn_id = self.next_txn_id()
         lg = self.logger.bind(txn=txn_id)
         FAULTS.hit("begin")
+        batch: Batch | None = None
         # -- begin + flush ------------------------------------------------------------------
         try:
             for sink in self.sinks:
                 sink.begin_transaction(txn_id)
             batch = self.source.poll_batch(s.max_records, s.max_bytes, s.commit_interval_s)
             FAULTS.hit("flush")
-            if not batch.records:
+            records, failed = self._split(batch)
+            if not records and not failed:
                 if batch.error is not None:
                     self._fail(batch.error)
                     return CycleResult(CycleOutcome.FATAL, txn_id, error=batch.error)
                 return CycleResult(CycleOutcome.EMPTY, txn_id)
             for sink in self.sinks:
-                sink.write(batch.records)
+                sink.write(records)
+            if failed:
+                self._tolerate(failed, txn_id)
             # -- prepare ------------------------------------------------------------------------
-            manifest = TxnManifest(txn_id, self.connector, _ranges(batch.records, self.grants))
+            ranges, counts = _ranges(records, self.grants, failed)
+            manifest = TxnManifest(txn_id, self.connector, ranges)
             t_prepare = time.monotonic()
             for i, sink in enumerate(self.sinks):
                 sink.pre_commit(manifest)
@@ -338,6 +397,10 @@ class SinkTask:
                     FAULTS.hit("pre_commit")  # one sink prepared, the others not yet
             metrics.STEP_SECONDS.labels(self.connector, "prepare").observe(time.monotonic() - t_prepare)
         except Exception as exc:  # noqa: BLE001 - every failure before the decision aborts
+            if batch is not None and self._rejected(exc, batch):
+                self._abort_sinks(txn_id)
+                self._position()  # rewind to the decision: the batch is read again, without the record
+                return CycleResult(CycleOutcome.ABORTED, txn_id, error=exc, redo=True)
             return self._abort_cycle(txn_id, exc)
         FAULTS.hit("after_prepare")
         # -- decide: the single commit point ------------------------------------------------
@@ -358,6 +421,13 @@ class SinkTask:
                 self._drop(frozenset(self.grants))
                 return CycleResult(CycleOutcome.FENCED, txn_id, error=exc)
             if not decided:
+                overtaken = self._overtaken(next_offsets)
+                if overtaken:  # a newer epoch took the partitions while we were away: fenced
+                    metrics.FENCED.labels(self.connector).inc()
+                    lg.warning("decision_fenced", partitions=sorted(map(str, overtaken)), after="unknown outcome")
+                    self._abort_sinks(txn_id)
+                    self._drop(overtaken)
+                    return CycleResult(CycleOutcome.FENCED, txn_id, error=PartitionsFenced(self.connector, overtaken))
                 return self._abort_cycle(txn_id, exc)
             # A set_data bumps the entry's version by exactly one: our write is the one that landed.
             new_grants = {tp: Grant(tp, self.grants[tp].epoch, off, txn_id, self.grants[tp].version + 1) for tp, off in next_offsets.items()}
@@ -365,6 +435,8 @@ class SinkTask:
             return self._abort_cycle(txn_id, exc)
         metrics.STEP_SECONDS.labels(self.connector, "decide").observe(time.monotonic() - t_decide)
         self.grants.update(new_grants)
+        if self._poison:
+            self._poison = {k: v for k, v in self._poison.items() if k[2] >= next_offsets.get(TopicPartition(k[0], k[1]), -1)}
         FAULTS.hit("after_decide")
         # -- commit: the decision stands; retry in place ----------------------------------------
         t_commit = time.monotonic()
@@ -377,18 +449,70 @@ class SinkTask:
         metrics.STEP_SECONDS.labels(self.connector, "commit").observe(time.monotonic() - t_commit)
         self.source.commit_offsets(next_offsets)
         # -- done ---------------------------------------------------------------------------
-        n, nbytes = len(batch.records), batch.nbytes
+        for tp, c in counts.items():
+            self.delivered[tp] = self.delivered.get(tp, 0) + c
+        n, nbytes = len(records), batch.nbytes
         metrics.CYCLES.labels(self.connector, CycleOutcome.SUCCEEDED.value).inc()
         metrics.RECORDS.labels(self.connector).inc(n)
         metrics.BYTES.labels(self.connector).inc(nbytes)
         metrics.CYCLE_SECONDS.labels(self.connector).observe(time.monotonic() - started)
         self._backoff.reset()
-        lg.debug("cycle_committed", records=n, bytes=nbytes)
+        lg.info("cycle_committed", records=n, bytes=nbytes, partitions=len(next_offsets))
+        self._report_lag()
         if batch.error is not None:
             # Everything before the bad record is delivered; nothing at or after it is.
             self._fail(batch.error)
             return CycleResult(CycleOutcome.FATAL, txn_id, n, nbytes, error=batch.error)
         return CycleResult(CycleOutcome.SUCCEEDED, txn_id, n, nbytes)
+
+    def _split(self, batch: Batch) -> tuple[list[SinkRecord], list[FailedRecord]]:
+        """The records for the sinks, and the bad ones: undecodable, or rejected by a sink before."""
+        if not self._poison:
+            return batch.records, batch.failed
+        poison = self._poison
+        records, failed = [], list(batch.failed)
+        for r in batch.records:
+            error = poison.get((r.topic, r.partition, r.offset))
+            if error is None:
+                records.append(r)
+            else:
+                failed.append(FailedRecord.of(r, error))
+        return records, failed
+
+    def _rejected(self, exc: BaseException, batch: Batch) -> bool:
+        """Under errors.tolerance=all: is ``exc`` a sink rejecting one record of this batch? Then it is
+        remembered as poison (the redone cycle routes it to the dead-letter sink) and True."""
+        if not (self.settings.tolerate_errors and self.dead_letter is not None and isinstance(exc, RecordError)):
+            return False
+        key = (exc.topic, exc.partition, exc.offset)
+        if key in self._poison or not any((r.topic, r.partition, r.offset) == key for r in batch.records):
+            return False  # not a record of this batch (or rejected again after routing it): fail as before
+        self._poison[key] = exc
+        self.logger.warning("record_rejected_by_sink", topic=exc.topic, partition=exc.partition, offset=exc.offset,
+                            error=str(exc), action="redo the cycle without it; it goes to the dead-letter topic")
+        return True
+
+    def _tolerate(self, failed: list[FailedRecord], txn_id: str) -> None:
+        """Hand the cycle's bad records to the dead-letter sink (errors.tolerance=all), or fail the cycle."""
+        if self.dead_letter is None or not self.settings.tolerate_errors:
+            raise failed[0].error  # cannot happen with a valid config: tolerance=all requires a dead-letter topic
+        self.dead_letter.report(failed)  # type: ignore[attr-defined]
+        for f in failed:
+            metrics.TOLERATED.labels(self.connector, f.stage).inc()
+            if self.settings.log_errors:
+                extra = {"key": f.key, "value": f.value} if self.settings.log_error_messages else {}
+                self.logger.warning("record_tolerated", txn=txn_id, topic=f.topic, partition=f.partition, offset=f.offset,
+                                    epoch=self.grants[TopicPartition(f.topic, f.partition)].epoch, stage=f.stage,
+                                    error_class=type(f.error).__name__, error=str(f.error), **extra)
+
+    def _report_lag(self, every_s: float = 5.0) -> None:
+        now = time.monotonic()
+        if now - self._lag_at < every_s:
+            return
+        self._lag_at = now
+        self.lag = self.source.lag()
+        for tp, lag in self.lag.items():
+            metrics.LAG.labels(self.connector, tp.topic, str(tp.partition)).set(lag)
 
     def _abort_cycle(self, txn_id: str, exc: BaseException) -> CycleResult:
         self._abort_sinks(txn_id)
@@ -398,6 +522,7 @@ class SinkTask:
             return CycleResult(CycleOutcome.FATAL, txn_id, error=exc)
         self.logger.warning("cycle_aborted", txn=txn_id, error=str(exc), error_class=type(exc).__name__)
         metrics.CYCLES.labels(self.connector, CycleOutcome.ABORTED.value).inc()
+        self._unrecovered |= set(self.grants)  # whatever blocked us may be an orphaned prepared txn
         self._position()
         return CycleResult(CycleOutcome.ABORTED, txn_id, error=exc)
 
@@ -450,6 +575,13 @@ class SinkTask:
             return False
         return None
 
+    def _overtaken(self, partitions: Iterable[TopicPartition]) -> frozenset[TopicPartition]:
+        try:
+            entries = self.log.read(self.connector, partitions)
+        except Exception:  # noqa: BLE001 - cannot tell: not fenced as far as we know
+            return frozenset()
+        return frozenset(tp for tp, e in entries.items() if e.epoch > self.grants[tp].epoch)
+
     def _drop(self, partitions: Iterable[TopicPartition]) -> None:
         dropped = frozenset(partitions)
         for tp in dropped:
@@ -478,13 +610,35 @@ class SinkTask:
             except Exception as exc:  # noqa: BLE001 - a bug or an unexpected failure: fail loudly
                 self._fail(exc)
                 result = CycleResult(CycleOutcome.FATAL, error=exc)
-            if result.outcome is CycleOutcome.ABORTED:
+            self._check_retry_timeout(result)
+            if result.outcome is CycleOutcome.ABORTED and self.state is not TaskState.FAILED:
                 stop.wait(self._backoff.next())
             elif result.outcome is CycleOutcome.EMPTY and (self.state is not TaskState.RUNNING or not self.active_partitions()):
                 stop.wait(min(0.5, self.settings.commit_interval_s))
             elif self.state is TaskState.FAILED:
                 stop.wait(0.5)
         self.shutdown()
+
+    def _check_retry_timeout(self, result: CycleResult) -> None:
+        """errors.retry.timeout: fail the task once cycles have kept aborting on retryable errors that long.
+
+        Fencing and a ZooKeeper that is away are not the sink's errors and never count."""
+        if result.outcome is not CycleOutcome.ABORTED or result.redo:
+            if result.outcome in (CycleOutcome.SUCCEEDED, CycleOutcome.EMPTY):
+                self._failing_since = None
+            return
+        exc = result.error
+        if isinstance(exc, FencedError) or getattr(exc, "component", None) in ("decision-log", "zookeeper"):
+            return
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        timeout = self.settings.retry_timeout_s
+        if timeout >= 0 and now - self._failing_since >= timeout:
+            with self._lock:
+                self._fail(FatalError(f"gave up after retrying for {now - self._failing_since:.1f} s "
+                                      f"(errors.retry.timeout={int(timeout * 1000)} ms); last error: {exc}",
+                                      component=getattr(exc, "component", None)))
 
     def shutdown(self) -> None:
         with self._lock:

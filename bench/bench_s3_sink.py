@@ -1,0 +1,187 @@
+"""Benchmark: the S3 sink's full 2PC cycle against raw ``put_object`` of the same bytes.
+
+Measured in one run, against one S3 endpoint (the local stack's moto by default), on ~200-byte
+JSON records spread over ``--partitions`` partitions, ``--batch`` records per cycle (what one
+commit.interval.ms=1000 cycle holds at the target rate):
+
+(a) raw put_object (the ceiling) - the JSON Lines bytes of every (cycle, partition), encoded
+    beforehand, put at the same final keys with the same concurrency as the sink: the least
+    any writer of this object layout does.
+(b) the sink - begin_transaction / write / pre_commit / commit per cycle: encoding, epoch reads,
+    pending uploads, manifest, copies to the final keys, commit marker, cleanup all included.
+
+moto is a development server (~150 small puts/s, ~80 MB/s), so absolute figures mean little;
+the ratio does. Record generation is outside every timing; the two modes alternate for
+``--rounds`` rounds and the best round of each counts (the machine is shared).
+
+    python bench/bench_s3_sink.py [--records 200000] [--batch 50000] [--format jsonl|parquet]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import boto3  # noqa: E402
+from botocore.config import Config  # noqa: E402
+
+from connectors.records import PartitionRange, SinkRecord, TxnManifest  # noqa: E402
+from connectors.s3 import ENCODERS, S3Sink  # noqa: E402
+
+STATUSES = ("paid", "pending", "refunded", "failed")
+COUNTRIES = ("DE", "FR", "NL", "US", "GB", "PL")
+
+
+def make_records(topic: str, n: int, partitions: int) -> list[SinkRecord]:
+    """``n`` records round-robin over the partitions, ~200 bytes of JSON each."""
+    out: list[SinkRecord] = []
+    for i in range(n):
+        value = {
+            "id": i, "user": f"user_{i % 99991:05d}", "email": f"user{i % 99991}@example.com",
+            "amount": round((i * 7919 % 100000) / 100.0, 2), "currency": "EUR", "status": STATUSES[i % 4],
+            "country": COUNTRIES[i % 6], "created": f"2024-05-{1 + i % 28:02d}T12:{i % 60:02d}:{i * 7 % 60:02d}Z",
+            "note": f"order {i} shipped via standard delivery, thank you",
+        }
+        out.append(SinkRecord(topic, i % partitions, i // partitions, None, value, json.dumps(value).encode()))
+    return out
+
+
+def manifest_for(txn: str, connector: str, batch: Sequence[SinkRecord], epoch: int) -> TxnManifest:
+    lo: dict[tuple[str, int], int] = {}
+    hi: dict[tuple[str, int], int] = {}
+    for r in batch:
+        k = (r.topic, r.partition)
+        lo[k], hi[k] = min(lo.get(k, r.offset), r.offset), max(hi.get(k, r.offset), r.offset)
+    return TxnManifest(txn, connector, tuple(PartitionRange(t, p, lo[(t, p)], hi[(t, p)], epoch) for t, p in sorted(lo)))
+
+
+def run_raw(client: Any, bucket: str, objects: list[list[tuple[str, bytes]]], concurrency: int) -> float:
+    """Seconds to put every cycle's objects, one cycle after the other, ``concurrency`` at once."""
+    with ThreadPoolExecutor(concurrency) as pool:
+        t0 = time.perf_counter()
+        for cycle in objects:
+            list(pool.map(lambda kv: client.put_object(Bucket=bucket, Key=kv[0], Body=kv[1]), cycle))
+        return time.perf_counter() - t0
+
+
+def run_sink(sink: S3Sink, connector: str, parts: list[Sequence[SinkRecord]], cycles: list[dict[str, float]]) -> float:
+    manifests = [manifest_for(f"{connector}.w.1.{i + 1}", connector, part, 1) for i, part in enumerate(parts)]
+    t0 = time.perf_counter()
+    for part, m in zip(parts, manifests):
+        c0 = time.perf_counter()
+        sink.begin_transaction(m.txn_id)
+        sink.write(part)
+        sink.pre_commit(m)
+        sink.commit(m.txn_id)
+        t = sink.timings
+        cycles.append({"encode": t.encode_ms, "prepare": t.prepare_ms, "commit": t.commit_ms,
+                       "cycle": (time.perf_counter() - c0) * 1000})
+    return time.perf_counter() - t0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--records", type=int, default=200_000)
+    ap.add_argument("--batch", type=int, default=50_000, help="records per cycle")
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--format", choices=sorted(ENCODERS), default="jsonl")
+    ap.add_argument("--concurrency", type=int, default=4, help="requests in flight (sink: s3.max.concurrency)")
+    ap.add_argument("--endpoint-url", default=None, help="S3 endpoint (default: the local stack's moto)")
+    args = ap.parse_args(argv)
+    if args.endpoint_url:
+        conn: dict[str, Any] = {"endpoint_url": args.endpoint_url}
+    else:
+        from worker.stack import load_endpoints
+
+        conn = dict(load_endpoints().s3)
+    tag = uuid.uuid4().hex[:6]
+    bucket, topic = f"bench-s3-{tag}", f"bench.s3.{tag}"
+    client = boto3.client("s3", config=Config(max_pool_connections=max(10, args.concurrency)), **conn)
+    client.create_bucket(Bucket=bucket)
+
+    t0 = time.perf_counter()
+    records = make_records(topic, args.records, args.partitions)
+    parts = [records[i:i + args.batch] for i in range(0, len(records), args.batch)]
+    encode = ENCODERS[args.format]
+    # The ceiling's objects: the same bytes the sink writes, at the same keys, encoded up front.
+    raw_objects: list[list[tuple[str, bytes]]] = []
+    for part in parts:
+        by_p: dict[int, list[SinkRecord]] = {}
+        for r in part:
+            by_p.setdefault(r.partition, []).append(r)
+        raw_objects.append([(f"raw/{topic}/{p}/{rs[0].offset:020d}-{rs[-1].offset:020d}.{args.format}", encode(rs))
+                            for p, rs in sorted(by_p.items())])
+    nbytes = sum(len(b) for cyc in raw_objects for _, b in cyc)
+    avg = statistics.fmean(len(r.raw_value or b"") for r in records[:10_000])
+    gc.collect()
+    gc.freeze()
+    print(f"{len(records):,} records of ~{avg:.0f} bytes JSON, {args.partitions} partitions, {len(parts)} cycles of "
+          f"{args.batch:,} ({nbytes / len(parts) / 1e6:.1f} MB of {args.format} per cycle, "
+          f"{args.partitions} objects); generated in {time.perf_counter() - t0:.1f}s; S3 {conn.get('endpoint_url', 'AWS')}")
+
+    sink_cfg = {"s3.bucket.name": bucket, "s3.endpoint.url": conn.get("endpoint_url"), "s3.region": conn.get("region_name", "us-east-1"),
+                "aws.access.key.id": conn.get("aws_access_key_id"), "aws.secret.access.key": conn.get("aws_secret_access_key"),
+                "format": args.format, "s3.max.concurrency": args.concurrency}
+    raw_s: list[float] = []
+    sink_s: list[float] = []
+    cycles: list[dict[str, float]] = []
+    for rnd in range(args.rounds):
+        raw_s.append(run_raw(client, bucket, raw_objects, args.concurrency))
+        connector = f"bench{tag}r{rnd}"
+        sink = S3Sink(connector, sink_cfg)
+        sink.open()
+        try:
+            sink_s.append(run_sink(sink, connector, parts, cycles))
+        finally:
+            sink.close()
+        written = sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=connector + "/").get("Contents", []))
+        assert len(written) == sum(map(len, raw_objects)), f"sink wrote {len(written)} objects"
+        if args.format == "jsonl":  # the sink's objects hold exactly the ceiling's bytes
+            for rk, body in (kv for cyc in raw_objects for kv in cyc):
+                key = connector + rk[len("raw"):]
+                assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == body, key
+    n = len(records)
+    raw_rate, sink_rate = n / min(raw_s), n / min(sink_s)
+    print()
+    print(f"{'mode':40s} {'records/s':>11s} {'MB/s':>7s} {'vs ceiling':>11s}   rounds (records/s)")
+    for name, secs in (("raw put_object (ceiling)", raw_s), (f"eosink S3Sink {args.format}, 2PC cycle", sink_s)):
+        rate = n / min(secs)
+        print(f"{name:40s} {rate:>11,.0f} {nbytes / min(secs) / 1e6:>7.1f} {rate / raw_rate:>10.0%}   "
+              f"{', '.join(f'{n / s:,.0f}' for s in secs)}")
+
+    def med(k: str) -> float:
+        return statistics.median(c[k] for c in cycles)
+
+    raw_cycle_ms = min(raw_s) / len(parts) * 1000
+    print()
+    print(f"per cycle of {args.batch:,} records (median of {len(cycles)}): cycle {med('cycle'):.0f} ms = encode {med('encode'):.0f} ms"
+          f" + prepare {med('prepare'):.0f} ms (epoch reads, uploads, manifest) + commit {med('commit'):.0f} ms "
+          f"(copies, marker, cleanup); raw puts {raw_cycle_ms:.0f} ms")
+    print(f"2PC overhead per cycle: {med('prepare') + med('commit') - raw_cycle_ms:.0f} ms "
+          f"(prepare + commit - raw puts of the same bytes)")
+    print(f"target >= 50% of the ceiling: {'met' if sink_rate >= 0.5 * raw_rate else 'MISSED'} ({sink_rate / raw_rate:.0%})")
+
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        objs = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if objs:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": objs, "Quiet": True})
+    client.delete_bucket(Bucket=bucket)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

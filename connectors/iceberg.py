@@ -1,0 +1,536 @@
+"""Apache Iceberg sink (pyiceberg): Parquet files prepared unreferenced, appended in one snapshot.
+
+One cycle, per :class:`~connectors.sink.TwoPhaseCommitSink`::
+
+    pre_commit(manifest)
+      load (or auto-create / evolve) each target table; refuse an older epoch (the resource fence)
+      check every record against the schema                        -- RecordError, nothing written
+      write Parquet under <table data>/eosink-<txn key>/            -- no snapshot references them
+      write <pending>/<connector>/<txn>.json (manifest + file list) -- now "prepared"; recover() lists it
+    commit(txn)
+      per table: txn id already in a snapshot summary?  -> ok (a replay)
+                 newer epoch in the table's fence state? -> FencedError
+                 one transaction: fast_append(files, snapshot_properties=txn/offsets/epochs)
+                                  + set_properties(fence state per partition)
+      delete the marker
+    abort(txn)   delete the txn's data directory, then the marker (never files a snapshot holds)
+
+**Why a data directory per txn.** ``abort`` must find every file of a prepare that failed half-way
+(before its marker listed them); one prefix per txn is one listing, not a scan of the table.
+
+**Why no pyiceberg commit retries.** pyiceberg retries a conflicting commit by re-applying the append
+on the new head (``commit.retry.num-retries``, default 4): a zombie whose epoch was overtaken while
+it waited would get through. Auto-created tables get ``commit.retry.num-retries=0``, and every
+commit of this sink runs with 0 retries whatever the table says; instead :meth:`commit` retries
+itself (``iceberg.commit.attempts``) after re-reading the table, so the fence and the "already
+committed" check run again on what is really there.
+
+**The resource fence.** Table property ``eosink.state.<connector>.<topic>-<partition>`` =
+``{"epoch", "next_offset", "txn"}``, written in the same metadata commit as the snapshot. A prepare
+or commit carrying an older epoch raises :class:`~connectors.errors.FencedError`. The property also
+answers "already committed?" after the snapshot that carried the txn id has been expired.
+
+**Several tables per txn** (``iceberg.table`` with ``${topic}``): Iceberg has no multi-table commit
+in SQL catalogs, so each table commits on its own. A failed commit is retried (idempotently per
+table) until every table has it: every record lands exactly once, but for a moment a reader can see
+one topic's rows of a txn before another's. One table per connector keeps txns atomic.
+
+**Rows**: every value field is a column (see :mod:`connectors._iceberg_arrow` for the types), plus
+``__topic``, ``__partition``, ``__offset`` (``fields.kafka``), so duplicates are findable with
+``GROUP BY __topic, __partition, __offset HAVING count(*) > 1``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    CommitStateUnknownException,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+    ServerError,
+    ServiceUnavailableError,
+    TooManyRequestsError,
+)
+from pyiceberg.io.pyarrow import _dataframe_to_data_files, parquet_files_to_data_files
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.locations import load_location_provider
+
+from connectors import _iceberg_arrow as ia
+from connectors._iceberg_store import Markers, Storage, txn_key
+from connectors.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
+from connectors.errors import ConfigError, EosinkError, FatalError, FencedError, RetryableError
+from connectors.records import PartitionRange, SinkRecord, TxnManifest
+from connectors.sink import BatchingSink
+
+log = logging.getLogger(__name__)
+COMPONENT = ia.COMPONENT
+SUMMARY_TXN, SUMMARY_CONNECTOR = "eosink.txn", "eosink.connector"
+SUMMARY_EPOCHS, SUMMARY_OFFSETS = "eosink.epochs", "eosink.offsets"
+STATE_PREFIX = "eosink.state."
+NO_RETRIES = {TableProperties.COMMIT_NUM_RETRIES: "0"}
+CATALOG_PROPS_PREFIX = "iceberg.catalog.properties."
+TABLE_PROPS_PREFIX = "iceberg.table.properties."
+_S3_KEYS = ("s3.endpoint", "s3.access-key-id", "s3.secret-access-key", "s3.region")
+_REMEMBER_COMMITTED = 1024
+
+
+@dataclass(slots=True)
+class CycleTimings:
+    """Milliseconds of the last prepare/commit (for metrics and the benchmark)."""
+
+    load_ms: float = 0.0
+    convert_ms: float = 0.0
+    write_ms: float = 0.0
+    marker_ms: float = 0.0
+    commit_ms: float = 0.0
+    rows: int = 0
+    files: int = 0
+
+
+@dataclass
+class _TableTxn:
+    """What one txn prepared in one table. ``data_files``/``table`` are in-memory shortcuts only."""
+
+    table: str
+    dir: str
+    partitions: list[tuple[str, int]]
+    files: list[str] = field(default_factory=list)
+    data_files: list[DataFile] | None = None
+    spec_id: int = -1  # the partition spec data_files were written for
+    loaded: Table | None = None
+
+    def doc(self) -> dict[str, Any]:
+        return {"table": self.table, "dir": self.dir, "partitions": self.partitions, "files": self.files}
+
+    @classmethod
+    def from_doc(cls, d: Mapping[str, Any]) -> "_TableTxn":
+        return cls(d["table"], d["dir"], [(t, int(p)) for t, p in d["partitions"]], list(d["files"]))
+
+
+@dataclass
+class _Prepared:
+    manifest: TxnManifest
+    tables: list[_TableTxn]
+
+
+def _classify(exc: BaseException, what: str) -> EosinkError:
+    """Retryable for conflicts, lost connections and unavailable services; fatal otherwise."""
+    if isinstance(exc, EosinkError):
+        return exc
+    transient: tuple[type[BaseException], ...] = (CommitFailedException, CommitStateUnknownException, ServiceUnavailableError,
+                                                  ServerError, TooManyRequestsError, OSError, TimeoutError)
+    try:
+        from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError, TimeoutError as PoolTimeout
+
+        transient += (DisconnectionError, InterfaceError, OperationalError, PoolTimeout)
+    except ImportError:  # pragma: no cover - only the REST catalog without the sql extra
+        pass
+    if isinstance(exc, transient):
+        return RetryableError(f"{what} failed: {type(exc).__name__}: {exc}", component=COMPONENT)
+    return FatalError(f"{what} failed: {type(exc).__name__}: {exc}", component=COMPONENT)
+
+
+def _no_retry(table: Table) -> Table:
+    """The same table whose *local* metadata says 0 commit retries (the catalog's copy is untouched).
+
+    pyiceberg reads the retry count from the table object it commits through; overriding it here
+    keeps this sink safe on tables created by others without changing their retry setting.
+    """
+    props = table.metadata.properties
+    if props.get(TableProperties.COMMIT_NUM_RETRIES) == "0":
+        return table
+    md = table.metadata.model_copy(update={"properties": {**props, **NO_RETRIES}})
+    return Table(table.name(), md, table.metadata_location, table.io, table.catalog, table.config)
+
+
+class IcebergSink(BatchingSink):
+    """Exactly-once delivery into Apache Iceberg tables through a SQL or REST catalog."""
+
+    ALIAS = "iceberg"
+    CONFIG = (
+        ConfigDef()
+        .define("iceberg.catalog.type", Type.STRING, "sql", "sql (a JDBC-style catalog in a database, pyiceberg's SqlCatalog, "
+                "readable by Iceberg's JdbcCatalog) or rest (an Iceberg REST catalog).", Importance.HIGH, one_of("sql", "rest"))
+        .define("iceberg.catalog.uri", Type.STRING, doc="sql: a SQLAlchemy URL, e.g. postgresql+psycopg2://user@host:5432/db or "
+                "sqlite:////path/catalog.db; rest: the catalog's base URL, e.g. http://host:8181.", importance=Importance.HIGH,
+                validator=non_empty)
+        .define("iceberg.catalog.name", Type.STRING, "eosink", "Catalog name (a SQL catalog keeps it in catalog_name: readers "
+                "such as Spark must use the same name).", validator=non_empty)
+        .define("iceberg.catalog.credential", Type.PASSWORD, None, "REST: OAuth2 client credential (client_id:secret).")
+        .define("iceberg.catalog.token", Type.PASSWORD, None, "REST: bearer token.")
+        .define("iceberg.warehouse", Type.STRING, None, "Where new tables live: file:///path or s3://bucket/path (required for "
+                "sql; for rest, passed as the catalog's warehouse).", Importance.HIGH)
+        .define("iceberg.pending.location", Type.STRING, None, "Where prepared-txn markers live (file:// or s3://); default "
+                "<iceberg.warehouse>/eosink-pending. Keep it stable while txns are pending: recovery looks only here.")
+        .define("iceberg.table", Type.STRING, "eosink.${topic}", "Target table namespace.table; ${topic} is the topic with '.' "
+                "and '-' replaced by '_'. Several tables make a txn commit table by table (see the module docs).",
+                Importance.HIGH, non_empty)
+        .define("iceberg.partition.fields", Type.LIST, [], "Partition spec of auto-created tables: col, bucket(N, col), "
+                "truncate(W, col), year|month|day|hour(col); comma-separated. Existing tables keep theirs.")
+        .define("iceberg.commit.attempts", Type.INT, 3, "Attempts per commit when another writer committed first; each one "
+                "re-reads the table and re-checks the fence and the txn id.", validator=at_least(1))
+        .define("iceberg.fsync", Type.BOOLEAN, True, "fsync data files and markers on a local (file://) warehouse.")
+        .define("auto.create", Type.BOOLEAN, True, "Create a missing namespace/table from the batch's JSON types.")
+        .define("auto.evolve", Type.BOOLEAN, True, "Add an optional column for a new non-null field; off: such a record is a RecordError.")
+        .define("fields.kafka", Type.BOOLEAN, True, "Add required columns __topic string, __partition int, __offset long.")
+        .define("s3.endpoint", Type.STRING, None, "S3 endpoint URL (MinIO, moto, ...); passed to pyiceberg's FileIO.")
+        .define("s3.access-key-id", Type.STRING, None, "S3 access key id.")
+        .define("s3.secret-access-key", Type.PASSWORD, None, "S3 secret access key.")
+        .define("s3.region", Type.STRING, None, "S3 region, e.g. us-east-1.")
+    )
+
+    def __init__(self, connector: str, config: Mapping[str, Any]) -> None:
+        super().__init__(connector, config)
+        c = self.config
+        src = f"connector '{connector}'"
+        self.kafka = bool(c["fields.kafka"])
+        self.template: str = c["iceberg.table"]
+        if "." not in self.template.replace("${topic}", "t"):
+            raise ConfigError("must be namespace.table (e.g. analytics.${topic})", key="iceberg.table", source=src)
+        warehouse = c["iceberg.warehouse"]
+        if c["iceberg.catalog.type"] == "sql" and not warehouse:
+            raise ConfigError("is required for iceberg.catalog.type=sql (file:///path or s3://bucket/path)",
+                              key="iceberg.warehouse", source=src)
+        pending = c["iceberg.pending.location"] or (f"{warehouse.rstrip('/')}/eosink-pending" if warehouse and "://" in warehouse else None)
+        if not pending:
+            raise ConfigError("is required when iceberg.warehouse is not a file:// or s3:// location", key="iceberg.pending.location",
+                              source=src)
+        io_props = {k: str(c[k]) for k in _S3_KEYS if c.get(k)}
+        io_props |= {k: str(v) for k, v in c.items() if k.startswith("s3.") and k not in io_props and v not in (None, "")}
+        io_props |= {k[len(CATALOG_PROPS_PREFIX):]: str(v) for k, v in c.items() if k.startswith(CATALOG_PROPS_PREFIX)}
+        self.catalog_props: dict[str, str] = {"type": c["iceberg.catalog.type"], "uri": c["iceberg.catalog.uri"], **io_props}
+        if warehouse:
+            self.catalog_props["warehouse"] = warehouse
+        for key, prop in (("iceberg.catalog.credential", "credential"), ("iceberg.catalog.token", "token")):
+            if c[key]:
+                self.catalog_props[prop] = c[key]
+        self.table_props = {**NO_RETRIES, **{k[len(TABLE_PROPS_PREFIX):]: str(v) for k, v in c.items() if k.startswith(TABLE_PROPS_PREFIX)}}
+        self.attempts: int = c["iceberg.commit.attempts"]
+        self.storage = Storage.for_properties(io_props, fsync=bool(c["iceberg.fsync"]))
+        self.markers = Markers(self.storage, pending, connector)
+        #: Tells this sink's markers from a sibling's in a fanout connector writing to the same place.
+        self._fingerprint = hashlib.sha1(json.dumps([c["iceberg.catalog.uri"], c["iceberg.catalog.name"], self.template]).encode()).hexdigest()[:12]
+        self._catalog: Catalog | None = None
+        self._prepared: dict[str, _Prepared] = {}
+        self._staging: dict[str, list[_TableTxn]] = {}  # files being written: what abort must clean
+        self._committed: OrderedDict[str, None] = OrderedDict()
+        self._known_tables: set[str] = set()
+        self.timings = CycleTimings()
+
+    # -- catalog and tables -------------------------------------------------------------------
+    def open(self) -> None:
+        """Connect to the catalog (a SQL catalog creates its two tables if missing)."""
+        self._cat()
+
+    def close(self) -> None:
+        """Forget in-memory state; prepared txns stay on storage for :meth:`recover`."""
+        engine = getattr(self._catalog, "engine", None)
+        if engine is not None:
+            engine.dispose()
+        self._catalog = None
+        self._prepared.clear()
+
+    def _cat(self) -> Catalog:
+        if self._catalog is None:
+            try:
+                self._catalog = load_catalog(self.config["iceberg.catalog.name"], **self.catalog_props)
+            except Exception as exc:  # noqa: BLE001 - classified
+                raise _classify(exc, f"connecting to the {self.catalog_props['type']} catalog") from exc
+        return self._catalog
+
+    def table_name(self, topic: str) -> str:
+        """The table identifier for ``topic`` (``${topic}`` with '.' and '-' as '_')."""
+        return self.template.replace("${topic}", topic.replace(".", "_").replace("-", "_"))
+
+    def _load(self, ident: str) -> Table:
+        table = self._cat().load_table(ident)
+        self._known_tables.add(ident)
+        return table
+
+    def _ensure_table(self, ident: str, recs: list[SinkRecord], vals: list[dict[str, Any]]) -> tuple[Table, bool]:
+        """Load ``ident``, creating or evolving it for the batch; True when every field has a column."""
+        try:
+            table = self._load(ident)
+        except NoSuchTableError:
+            if not self.config["auto.create"]:
+                raise FatalError(f"table {ident} does not exist and auto.create is off", component=COMPONENT) from None
+            first = list(vals[0]) if vals else []
+            names = first + sorted(ia.field_names(vals) - set(first))
+            schema = ia.new_schema(ia.infer_fields(recs, vals, names), self.kafka)
+            spec = ia.partition_spec(self.config["iceberg.partition.fields"], schema)
+            cat = self._cat()
+            cat.create_namespace_if_not_exists(ident.rsplit(".", 1)[0])
+            table = cat.create_table_if_not_exists(ident, schema=schema, partition_spec=spec, properties=self.table_props)
+            self._known_tables.add(ident)
+            log.info("created Iceberg table %s at %s", ident, table.location())
+        if not self.config["auto.evolve"]:
+            return table, False
+        for _ in range(self.attempts):
+            new = sorted(ia.field_names(vals) - {f.name for f in table.schema().fields})
+            fields = ia.infer_fields(recs, vals, new)
+            if not fields:
+                return table, len(new) == 0
+            try:
+                with _no_retry(table).update_schema() as upd:
+                    for name, ftype in fields:
+                        upd.add_column(name, ftype)
+                log.info("added columns %s to %s", [n for n, _ in fields], ident)
+            except CommitFailedException:
+                pass  # someone else changed the table: re-read and look again
+            table = self._load(ident)
+        raise RetryableError(f"schema of {ident} kept changing while adding columns", component=COMPONENT)
+
+    # -- the resource fence and the proof of commit ---------------------------------------------
+    def _state_key(self, topic: str, partition: int) -> str:
+        return f"{STATE_PREFIX}{self.connector}.{topic}-{partition}"
+
+    def _check_fence(self, table: Table, ranges: list[PartitionRange], txn_id: str) -> None:
+        props = table.metadata.properties
+        for r in ranges:
+            raw = props.get(self._state_key(r.topic, r.partition))
+            if raw is not None and int(json.loads(raw)["epoch"]) > r.epoch:
+                raise FencedError(f"txn {txn_id}: epoch {r.epoch} for {r.tp} is older than epoch {json.loads(raw)['epoch']} "
+                                  f"already committed to {table.name()[-1]}", component=COMPONENT)
+
+    def _is_committed(self, table: Table, txn_id: str) -> bool:
+        """The txn id in a snapshot summary, or (after snapshot expiry) in a partition's fence state."""
+        for snap in table.metadata.snapshots:
+            extra = snap.summary.additional_properties if snap.summary is not None else {}
+            if extra.get(SUMMARY_TXN) == txn_id and extra.get(SUMMARY_CONNECTOR) == self.connector:
+                return True
+        prefix = f"{STATE_PREFIX}{self.connector}."
+        return any(k.startswith(prefix) and json.loads(v).get("txn") == txn_id for k, v in table.metadata.properties.items())
+
+    # -- prepare --------------------------------------------------------------------------------
+    def prepare_batch(self, manifest: TxnManifest, records: list[SinkRecord]) -> None:
+        txn = manifest.txn_id
+        if txn in self._prepared or txn in self._committed:
+            return  # a replay: already durable (or visible)
+        try:
+            self._prepare(manifest, records)
+        except Exception as exc:  # noqa: BLE001 - classified; abort() cleans what was written
+            raise _classify(exc, f"prepare of {txn}") from exc
+
+    def _prepare(self, manifest: TxnManifest, records: list[SinkRecord]) -> None:
+        txn = manifest.txn_id
+        t0 = time.perf_counter()
+        values = ia.check_values(records)
+        groups: dict[str, tuple[list[SinkRecord], list[dict[str, Any]]]] = {}
+        names: dict[str, str] = {}
+        for r, v in zip(records, values):
+            ident = names.get(r.topic) or names.setdefault(r.topic, self.table_name(r.topic))
+            g = groups.get(ident)
+            if g is None:
+                g = groups[ident] = ([], [])
+            g[0].append(r)
+            g[1].append(v)
+        key = txn_key(self.connector, txn)
+        plan = []
+        load_ms = convert_ms = 0.0
+        for ident in sorted(groups):
+            recs, vals = groups[ident]
+            t1 = time.perf_counter()
+            table, complete = self._ensure_table(ident, recs, vals)
+            topics = {r.topic for r in recs}
+            ranges = [r for r in manifest.ranges if r.topic in topics]
+            self._check_fence(table, ranges, txn)
+            t2 = time.perf_counter()
+            arrow = ia.to_arrow(table.schema(), recs, vals, self.kafka, unknown_ok=complete)
+            convert_ms += (time.perf_counter() - t2) * 1000
+            load_ms += (t2 - t1) * 1000
+            data_path = load_location_provider(table.metadata.location, table.metadata.properties).data_path
+            tt = _TableTxn(ident, f"{data_path}/eosink-{key}", sorted({(r.topic, r.partition) for r in ranges}), loaded=table)
+            plan.append((tt, arrow))
+        # Every record fits: from here on files are written, and abort() knows where.
+        t3 = time.perf_counter()
+        existing = self.markers.get(txn)
+        if existing is not None and existing.get("sink") != self._fingerprint:
+            # A sibling sink of a fanout connector writes its markers to the same place: recovery
+            # would mix the two up (and lose one's files). Refuse before writing anything.
+            raise FatalError(f"another Iceberg sink of connector {self.connector} keeps its markers in {self.markers.dir}: give each "
+                             "sink of a fanout its own iceberg.pending.location", component=COMPONENT)
+        self._staging[txn] = [tt for tt, _ in plan]
+        for tt, arrow in plan:
+            tt.data_files = self._write_files(tt, arrow, txn)
+            tt.spec_id = tt.loaded.metadata.default_spec_id if tt.loaded is not None else -1
+            tt.files = [df.file_path for df in tt.data_files]
+            self.storage.sync_files(tt.files)
+        t4 = time.perf_counter()
+        doc = {"v": 1, "txn": txn, "connector": self.connector, "sink": self._fingerprint,
+               "manifest": json.loads(manifest.to_json()), "tables": [tt.doc() for tt, _ in plan], "prepared_ms": int(time.time() * 1000)}
+        self.markers.put(txn, doc)
+        self._prepared[txn] = _Prepared(manifest, [tt for tt, _ in plan])
+        self._staging.pop(txn, None)
+        t5 = time.perf_counter()
+        self.timings = CycleTimings(load_ms=load_ms, convert_ms=convert_ms, write_ms=(t4 - t3) * 1000, marker_ms=(t5 - t4) * 1000,
+                                    rows=len(records), files=sum(len(tt.files) for tt, _ in plan))
+        log.debug("prepared %s: %d rows in %d files (%.1f ms)", txn, len(records), self.timings.files, (t5 - t0) * 1000)
+
+    def _write_files(self, tt: _TableTxn, arrow: Any, txn: str) -> list[DataFile]:
+        """Parquet files under the txn's own directory (``write.data.path`` overridden for this write only)."""
+        table = tt.loaded
+        assert table is not None
+        md = table.metadata
+        md = md.model_copy(update={"properties": {**md.properties, TableProperties.WRITE_DATA_PATH: tt.dir}})
+        write_uuid = uuid.uuid5(uuid.NAMESPACE_URL, f"eosink:{self.connector}:{txn}:{tt.table}")
+        return list(_dataframe_to_data_files(md, arrow, table.io, write_uuid=write_uuid))
+
+    # -- commit ---------------------------------------------------------------------------------
+    def commit(self, txn_id: str) -> None:
+        """Append every table's prepared files in one snapshot each; already committed is ok."""
+        t0 = time.perf_counter()
+        try:
+            prepared = self._prepared.get(txn_id)
+            if prepared is None:
+                if txn_id in self._committed:
+                    return
+                doc = self.markers.get(txn_id)
+                if doc is None:
+                    self._commit_without_marker(txn_id)
+                    return
+                prepared = _Prepared(TxnManifest.from_json(json.dumps(doc["manifest"])), [_TableTxn.from_doc(t) for t in doc["tables"]])
+            for tt in prepared.tables:
+                self._commit_table(prepared.manifest, tt)
+            self.markers.delete(txn_id)
+        except Exception as exc:  # noqa: BLE001 - classified; commit is idempotent, the engine retries it
+            raise _classify(exc, f"commit of {txn_id}") from exc
+        self._prepared.pop(txn_id, None)
+        self._remember(txn_id)
+        self.timings.commit_ms = (time.perf_counter() - t0) * 1000
+
+    def _remember(self, txn_id: str) -> None:
+        self._committed[txn_id] = None
+        while len(self._committed) > _REMEMBER_COMMITTED:
+            self._committed.popitem(last=False)
+
+    def _commit_table(self, manifest: TxnManifest, tt: _TableTxn) -> None:
+        txn = manifest.txn_id
+        parts = set(tt.partitions)
+        ranges = [r for r in manifest.ranges if (r.topic, r.partition) in parts]
+        table, tt.loaded = tt.loaded, None
+        for attempt in range(1, self.attempts + 1):
+            if table is None:
+                table = self._load(tt.table)
+            if self._is_committed(table, txn):
+                return
+            self._check_fence(table, ranges, txn)
+            files = tt.data_files
+            if files is None or tt.spec_id != table.metadata.default_spec_id:
+                files = tt.data_files = self._data_files(table, tt, txn)
+                tt.spec_id = table.metadata.default_spec_id
+            tps = {f"{r.topic}-{r.partition}": r for r in ranges}
+            summary = {SUMMARY_TXN: txn, SUMMARY_CONNECTOR: self.connector,
+                       SUMMARY_EPOCHS: json.dumps({k: r.epoch for k, r in tps.items()}, separators=(",", ":")),
+                       SUMMARY_OFFSETS: json.dumps({k: [r.first_offset, r.last_offset] for k, r in tps.items()}, separators=(",", ":"))}
+            state = {}
+            for r in ranges:
+                raw = table.metadata.properties.get(self._state_key(r.topic, r.partition))
+                seen = int(json.loads(raw)["epoch"]) if raw else -1
+                state[self._state_key(r.topic, r.partition)] = json.dumps(
+                    {"epoch": max(seen, r.epoch), "next_offset": r.next_offset, "txn": txn}, separators=(",", ":"))
+            tx = _no_retry(table).transaction()
+            tx.set_properties(state)
+            with tx.update_snapshot(snapshot_properties=summary).fast_append() as append:
+                for df in files:
+                    append.append_data_file(df)
+            try:
+                tx.commit_transaction()
+                return
+            except CommitFailedException as exc:
+                # Another writer committed first. Never re-apply on top blindly (that is what
+                # pyiceberg's retries would do): re-read, then check fence and txn id again.
+                log.info("commit of %s to %s conflicted (attempt %d/%d): %s", txn, tt.table, attempt, self.attempts, exc)
+                table = None
+                if attempt == self.attempts:
+                    raise RetryableError(f"commit of {txn} to {tt.table}: another writer committed first {self.attempts} "
+                                         f"time(s) in a row ({exc})", component=COMPONENT) from exc
+
+    def _data_files(self, table: Table, tt: _TableTxn, txn: str) -> list[DataFile]:
+        """DataFiles rebuilt from the Parquet footers (after a restart only the paths are known)."""
+        try:
+            return list(parquet_files_to_data_files(table.io, table.metadata, iter(tt.files)))
+        except FileNotFoundError as exc:
+            raise FatalError(f"prepared data file of txn {txn} is gone ({exc}); the txn cannot be committed: its records are "
+                             f"not in {tt.table}. Was remove_orphan_files run with a threshold shorter than the txn's age? "
+                             "Operator must check", component=COMPONENT) from exc
+
+    def _commit_without_marker(self, txn_id: str) -> None:
+        """No marker: committed earlier (the marker goes last) - or aborted/never prepared, which is fatal."""
+        candidates = set(self._known_tables)
+        if "${topic}" not in self.template:
+            candidates.add(self.template)
+        for ident in sorted(candidates):
+            try:
+                if self._is_committed(self._load(ident), txn_id):
+                    self._remember(txn_id)
+                    return
+            except NoSuchTableError:
+                continue
+        raise FatalError(f"decided txn {txn_id} has no prepared marker ({self.markers.uri(txn_id)}) and no snapshot of "
+                         f"{', '.join(sorted(candidates)) or 'the tables this sink knows'} carries it: it was aborted or never "
+                         "prepared, so its records are not in Iceberg; operator must check", component=COMPONENT)
+
+    # -- abort / recover ------------------------------------------------------------------------
+    def abort(self, txn_id: str) -> None:
+        """Delete the txn's data directories, then its marker. Unknown or already aborted is ok.
+
+        Files of a table whose snapshots already carry the txn are never deleted (an abort replayed
+        after a commit must not break the table).
+        """
+        if self._txn_id == txn_id:
+            self._batch = []
+        try:
+            prepared = self._prepared.pop(txn_id, None)
+            tables = prepared.tables if prepared else self._staging.get(txn_id)
+            if tables is None:
+                doc = self.markers.get(txn_id)
+                tables = [_TableTxn.from_doc(t) for t in doc["tables"]] if doc else []
+            for tt in tables:
+                try:
+                    table: Table | None = self._load(tt.table)
+                except (NoSuchTableError, NoSuchNamespaceError):
+                    table = None
+                if table is not None and self._is_committed(table, txn_id):
+                    log.error("abort of %s: it is already committed to %s; its files stay", txn_id, tt.table)
+                    continue
+                storage = Storage(table.io, self.storage.fsync) if table is not None else self.storage
+                n = storage.delete_tree(tt.dir)
+                log.info("aborted %s: deleted %d file(s) under %s", txn_id, n, tt.dir)
+            self.markers.delete(txn_id)
+            self._staging.pop(txn_id, None)
+        except Exception as exc:  # noqa: BLE001 - classified; abort is retried by the engine
+            raise _classify(exc, f"abort of {txn_id}") from exc
+
+    def recover(self) -> list[TxnManifest]:
+        """The manifests of every marker of this connector (prepared, not yet committed or aborted).
+
+        A marker that cannot be read is returned without ranges: the engine cannot tie it to a
+        decision and reports it for an operator, as it must.
+        """
+        out: list[TxnManifest] = []
+        try:
+            listed = self.markers.list()
+        except Exception as exc:  # noqa: BLE001 - classified
+            raise _classify(exc, "recovery (listing markers)") from exc
+        for txn_id, data in listed:
+            if data is None:
+                continue  # committed or aborted while we listed
+            try:
+                doc = json.loads(data)
+                out.append(TxnManifest.from_json(json.dumps(doc["manifest"])))
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("marker of txn %s is unreadable (%s): left for an operator", txn_id, exc)
+                out.append(TxnManifest(txn_id, self.connector, ()))
+        return out

@@ -1,0 +1,349 @@
+"""The S3 sink against the stack's moto S3 server (``stack``/``unique`` fixtures).
+
+Each test writes into its own bucket, deleted afterwards. A "crash" of the worker is a sink
+instance dropped between two steps: what it wrote to S3 stays, exactly as after a killed worker.
+moto keeps everything in memory, so its restart test checks only the outcome classes while it
+is down and that the sink works again once it is back.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+from connectors import s3 as s3mod
+from connectors.config import MASK
+from connectors.errors import ConfigError, FatalError, FencedError, RecordError, RetryableError
+from connectors.records import PartitionRange, SinkRecord, TxnManifest
+from connectors.s3 import S3Sink
+from worker.stack import Endpoints
+
+MakeSink = Callable[..., S3Sink]
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def records(topic: str, values: Sequence[Any], partition: int = 0, start: int = 0) -> list[SinkRecord]:
+    return [SinkRecord(topic, partition, start + i, None, v, json.dumps(v).encode()) for i, v in enumerate(values)]
+
+
+def manifest_for(txn: str, connector: str, recs: Sequence[SinkRecord], epoch: int = 1) -> TxnManifest:
+    lo: dict[tuple[str, int], int] = {}
+    hi: dict[tuple[str, int], int] = {}
+    for r in recs:
+        k = (r.topic, r.partition)
+        lo[k], hi[k] = min(lo.get(k, r.offset), r.offset), max(hi.get(k, r.offset), r.offset)
+    return TxnManifest(txn, connector, tuple(PartitionRange(t, p, lo[(t, p)], hi[(t, p)], epoch) for t, p in sorted(lo)))
+
+
+def prepare(sink: S3Sink, txn: str, recs: Sequence[SinkRecord], epoch: int = 1) -> TxnManifest:
+    m = manifest_for(txn, sink.connector, recs, epoch)
+    sink.begin_transaction(txn)
+    sink.write(recs)
+    sink.pre_commit(m)
+    return m
+
+
+def keys(client: Any, bucket: str, prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        out += [o["Key"] for o in page.get("Contents", [])]
+    return sorted(out)
+
+
+def visible(client: Any, bucket: str, connector: str) -> dict[str, bytes]:
+    """What a reader sees: the objects under <connector>/ (the sink's data prefix without s3.prefix)."""
+    return {k: client.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys(client, bucket, connector + "/")}
+
+
+# -- fixtures -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def client(stack: Endpoints) -> Any:
+    return boto3.client("s3", **stack.s3)
+
+
+@pytest.fixture
+def bucket(client: Any, unique: str) -> Iterator[str]:
+    name = unique.replace("_", "-")[:63].strip("-")
+    yield name
+    try:
+        for k in keys(client, name):
+            client.delete_object(Bucket=name, Key=k)
+        client.delete_bucket(Bucket=name)
+    except Exception:  # noqa: BLE001 - cleanup only (moto may have been restarted and forgotten it)
+        pass
+
+
+@pytest.fixture
+def make_sink(stack: Endpoints, bucket: str, unique: str) -> Iterator[MakeSink]:
+    made: list[S3Sink] = []
+
+    def make(connector: str = unique, *, open_: bool = True, **config: Any) -> S3Sink:
+        base = {"s3.bucket.name": bucket, "s3.endpoint.url": stack.s3["endpoint_url"], "s3.region": stack.s3["region_name"],
+                "aws.access.key.id": stack.s3["aws_access_key_id"], "aws.secret.access.key": stack.s3["aws_secret_access_key"],
+                "s3.max.attempts": 2}
+        sink = S3Sink(connector, {**base, **config})
+        if open_:
+            sink.open()
+        made.append(sink)
+        return sink
+
+    yield make
+    for s in made:
+        s.close()
+
+
+# -- visibility, layout, idempotence --------------------------------------------------------------
+def test_prepared_objects_are_invisible_until_commit_then_one_object_per_partition_is(make_sink, client, bucket, unique):
+    sink = make_sink()
+    recs = records("orders", [{"id": i} for i in range(5)]) + records("orders", [{"id": 9}], partition=1, start=7)
+    txn = f"{unique}.w.1.1"
+    prepare(sink, txn, recs, epoch=4)
+    assert visible(client, bucket, unique) == {}
+    pending = keys(client, bucket, f"__pending__/{unique}/{txn}/")
+    assert pending == [f"__pending__/{unique}/{txn}/{n}" for n in ("_manifest.json", "orders/0.jsonl", "orders/1.jsonl")]
+    sink.commit(txn)
+    p0 = f"{unique}/orders/0/{0:020d}-{4:020d}.jsonl"
+    p1 = f"{unique}/orders/1/{7:020d}-{7:020d}.jsonl"
+    assert visible(client, bucket, unique) == {p0: b"".join(r.raw_value + b"\n" for r in recs[:5]), p1: b'{"id": 9}\n'}
+    assert client.head_object(Bucket=bucket, Key=p0)["Metadata"]["eosink-epoch"] == "4"
+    assert keys(client, bucket, "__pending__/") == []
+    assert keys(client, bucket, "__commits__/") == [f"__commits__/{unique}/{txn}"]
+    assert client.get_object(Bucket=bucket, Key=f"__epochs__/{unique}/orders-0")["Body"].read() == b"4"
+
+
+def test_jsonl_keeps_the_topics_bytes_and_one_record_per_line(make_sink, client, bucket, unique):
+    sink = make_sink(**{"s3.prefix": "lake/raw/"})
+    raw = b'{"b": 2,   "a": [1, 2.50]}'
+    pretty = b'{\n  "x": 1\n}'
+    recs = [SinkRecord("t", 0, 0, None, json.loads(raw), raw), SinkRecord("t", 0, 1, None, json.loads(pretty), pretty),
+            SinkRecord("t", 0, 2, None, "plain", b"plain"), SinkRecord("t", 0, 3, None, None, None)]
+    prepare(sink, f"{unique}.w.1.1", recs)
+    sink.commit(f"{unique}.w.1.1")
+    body = client.get_object(Bucket=bucket, Key=f"lake/raw/{unique}/t/0/{0:020d}-{3:020d}.jsonl")["Body"].read()
+    assert body == b'{"b": 2,   "a": [1, 2.50]}\n{"x":1}\n"plain"\nnull\n'
+    assert keys(client, bucket, "lake/raw/__pending__/") == [] and keys(client, bucket, "__pending__/") == []
+
+
+def test_commit_twice_abort_twice_and_abort_of_unknown_txn_are_ok(make_sink, client, bucket, unique):
+    sink = make_sink()
+    prepare(sink, f"{unique}.w.1.1", records("t", [{"n": 1}, {"n": 2}]))
+    sink.commit(f"{unique}.w.1.1")
+    before = visible(client, bucket, unique)
+    sink.commit(f"{unique}.w.1.1")
+    make_sink().commit(f"{unique}.w.1.1")  # and from a fresh instance, which has no cache
+    prepare(sink, f"{unique}.w.1.2", records("t", [{"n": 3}], start=2))
+    sink.abort(f"{unique}.w.1.2")
+    sink.abort(f"{unique}.w.1.2")
+    sink.abort(f"{unique}.w.never")
+    assert visible(client, bucket, unique) == before and len(before) == 1
+    assert sink.recover() == [] and keys(client, bucket, "__pending__/") == []
+
+
+def test_abort_deletes_the_pending_prefix_and_nothing_becomes_visible(make_sink, client, bucket, unique):
+    sink = make_sink()
+    prepare(sink, f"{unique}.w.1.1", records("t", [{"n": 1}]) + records("t", [{"n": 2}], partition=1))
+    sink.abort(f"{unique}.w.1.1")
+    assert keys(client, bucket) == []
+    sink.commit(f"{unique}.w.1.1")  # a commit replayed after the abort finds nothing to publish
+    assert visible(client, bucket, unique) == {}
+
+
+def test_replayed_batch_lands_on_the_same_key_instead_of_a_duplicate(make_sink, client, bucket, unique):
+    recs = records("t", [{"n": i} for i in range(3)])
+    first = make_sink()
+    prepare(first, f"{unique}.w.1.1", recs, epoch=1)
+    first.commit(f"{unique}.w.1.1")
+    again = make_sink()  # a new owner re-delivers the same offsets under another txn
+    prepare(again, f"{unique}.w.2.1", recs, epoch=2)
+    again.commit(f"{unique}.w.2.1")
+    objs = visible(client, bucket, unique)
+    assert list(objs) == [f"{unique}/t/0/{0:020d}-{2:020d}.jsonl"]
+    assert objs[f"{unique}/t/0/{0:020d}-{2:020d}.jsonl"].count(b"\n") == 3
+
+
+# -- crash and recovery -----------------------------------------------------------------------
+def test_worker_crash_between_prepare_and_commit_new_instance_recovers_exactly_that_txn(make_sink, client, bucket, unique):
+    first = make_sink()
+    prepare(first, f"{unique}.w.1.1", records("t", [{"n": 0}]))
+    first.commit(f"{unique}.w.1.1")
+    m = prepare(first, f"{unique}.w.1.2", records("t", [{"n": 1}, {"n": 2}], start=1) + records("u", [{"n": 3}], partition=2))
+    first.close()  # the worker dies here
+    second = make_sink()
+    assert second.recover() == [m]
+    assert make_sink(unique + "-other").recover() == []  # another connector's recovery does not see it
+    second.recover_and_commit(m)
+    assert sorted(visible(client, bucket, unique)) == [f"{unique}/t/0/{0:020d}-{0:020d}.jsonl",
+                                                        f"{unique}/t/0/{1:020d}-{2:020d}.jsonl",
+                                                        f"{unique}/u/2/{0:020d}-{0:020d}.jsonl"]
+    assert second.recover() == []
+
+
+@pytest.mark.parametrize("then", ["commit retried", "recover"])
+def test_crash_after_the_commit_marker_is_finished_by_a_retried_commit_or_by_recover(make_sink, client, bucket, unique, monkeypatch, then):
+    first = make_sink()
+    prepare(first, f"{unique}.w.1.1", records("t", [{"n": 1}]))
+
+    def die(*args: Any) -> None:
+        raise RetryableError("worker killed before the cleanup")
+
+    monkeypatch.setattr(first, "_cleanup", die)
+    with pytest.raises(RetryableError):
+        first.commit(f"{unique}.w.1.1")
+    assert keys(client, bucket, f"__commits__/{unique}/") and keys(client, bucket, "__pending__/")
+    second = make_sink()
+    if then == "commit retried":
+        second.commit(f"{unique}.w.1.1")  # the marker's 412 means "already committed": ok, and clean up
+    else:
+        assert second.recover() == []  # committed (the marker says so): not a prepared txn any more
+    assert keys(client, bucket, "__pending__/") == []
+    assert len(visible(client, bucket, unique)) == 1
+    assert second.recover() == []
+    second.commit(f"{unique}.w.1.1")
+
+
+def test_commit_when_the_prepared_data_is_gone_and_no_marker_exists_is_fatal(make_sink, client, bucket, unique):
+    sink = make_sink()
+    prepare(sink, f"{unique}.w.1.1", records("t", [{"n": 1}]))
+    client.delete_object(Bucket=bucket, Key=f"__pending__/{unique}/{unique}.w.1.1/t/0.jsonl")
+    with pytest.raises(FatalError, match="is missing and no commit marker exists"):
+        sink.commit(f"{unique}.w.1.1")
+
+
+def test_recover_skips_a_prepare_that_died_before_its_manifest_and_collects_it_when_old(make_sink, client, bucket, unique, monkeypatch):
+    sink = make_sink()
+    orphan = f"__pending__/{unique}/{unique}.w.1.1/t/0.jsonl"
+    client.put_object(Bucket=bucket, Key=orphan, Body=b"{}\n")
+    assert sink.recover() == []
+    assert keys(client, bucket, "__pending__/") == [orphan]  # young: may be a prepare in flight
+    monkeypatch.setattr(s3mod, "ORPHAN_AGE_S", -1.0)
+    assert sink.recover() == []
+    assert keys(client, bucket, "__pending__/") == []
+
+
+# -- the epoch fence ----------------------------------------------------------------------------
+def test_stale_epoch_prepare_is_refused_as_fenced_and_uploads_nothing(make_sink, client, bucket, unique):
+    owner = make_sink()
+    prepare(owner, f"{unique}.w.2.1", records("t", [{"n": 1}]), epoch=2)
+    owner.commit(f"{unique}.w.2.1")
+    zombie = make_sink()
+    with pytest.raises(FencedError, match="epoch 1 for t-0 is older than 2"):
+        prepare(zombie, f"{unique}.w.1.9", records("t", [{"n": 2}], start=1), epoch=1)
+    assert keys(client, bucket, "__pending__/") == [] and zombie.recover() == []
+    prepare(owner, f"{unique}.w.2.2", records("t", [{"n": 2}], start=1), epoch=2)  # the owner goes on
+    owner.commit(f"{unique}.w.2.2")
+    assert len(visible(client, bucket, unique)) == 2
+
+
+def test_epoch_object_is_raised_at_commit_and_never_lowered_by_an_older_decided_txn(make_sink, client, bucket, unique):
+    old = make_sink()
+    m_old = prepare(old, f"{unique}.w.2.1", records("t", [{"n": 1}]), epoch=2)  # decided, commit delayed
+    new = make_sink()
+    prepare(new, f"{unique}.w.3.1", records("t", [{"n": 2}], start=1), epoch=3)
+    new.commit(f"{unique}.w.3.1")
+    make_sink().recover_and_commit(m_old)  # the decision stands: it is committed, late
+    assert client.get_object(Bucket=bucket, Key=f"__epochs__/{unique}/t-0")["Body"].read() == b"3"
+    assert len(visible(client, bucket, unique)) == 2
+
+
+# -- formats ----------------------------------------------------------------------------------
+def test_parquet_objects_are_readable_by_pyarrow_with_every_field_and_the_kafka_columns(make_sink, client, bucket, unique):
+    import pyarrow.parquet as pq
+
+    sink = make_sink(format="parquet")
+    values = [{"id": 1, "name": "a"}, {"id": 2, "amount": 2.5}, {"id": 3, "name": "c", "tags": ["x", "y"]}]
+    prepare(sink, f"{unique}.w.1.1", records("orders", values, partition=3, start=10))
+    assert visible(client, bucket, unique) == {}
+    sink.commit(f"{unique}.w.1.1")
+    key = f"{unique}/orders/3/{10:020d}-{12:020d}.parquet"
+    table = pq.read_table(io.BytesIO(visible(client, bucket, unique)[key]))
+    assert table.to_pylist() == [
+        {"id": 1, "name": "a", "amount": None, "tags": None, "__topic": "orders", "__partition": 3, "__offset": 10},
+        {"id": 2, "name": None, "amount": 2.5, "tags": None, "__topic": "orders", "__partition": 3, "__offset": 11},
+        {"id": 3, "name": "c", "amount": None, "tags": ["x", "y"], "__topic": "orders", "__partition": 3, "__offset": 12},
+    ]
+
+
+def test_parquet_refuses_non_object_values_and_conflicting_types_as_record_errors(make_sink, unique):
+    sink = make_sink(format="parquet")
+    with pytest.raises(RecordError, match=r"t\[0\]@1: format=parquet needs JSON object values"):
+        prepare(sink, f"{unique}.w.1.1", records("t", [{"a": 1}, [1, 2]]))
+    with pytest.raises(RecordError, match="no single Parquet schema fits the batch"):
+        prepare(sink, f"{unique}.w.1.2", records("t", [{"a": 1}, {"a": "one"}]))
+
+
+def test_objects_over_the_part_size_are_uploaded_in_parts_and_arrive_whole(make_sink, client, bucket, unique):
+    sink = make_sink(**{"s3.part.size": 5 * 1024 * 1024})
+    recs = records("t", [{"i": i, "pad": "x" * 1000} for i in range(6000)])  # ~6 MB: two parts
+    prepare(sink, f"{unique}.w.1.1", recs)
+    head = client.head_object(Bucket=bucket, Key=f"__pending__/{unique}/{unique}.w.1.1/t/0.jsonl")
+    assert head["ETag"].strip('"').endswith("-2")
+    sink.commit(f"{unique}.w.1.1")
+    assert visible(client, bucket, unique)[f"{unique}/t/0/{0:020d}-{5999:020d}.jsonl"] == b"".join(r.raw_value + b"\n" for r in recs)
+
+
+# -- errors -------------------------------------------------------------------------------------
+@pytest.mark.chaos
+def test_s3_down_is_retryable_for_every_operation_and_the_sink_works_once_it_is_back(make_sink, client, bucket, unique):
+    from worker.stack import start_component, stop_component
+
+    sink = make_sink(**{"s3.max.attempts": 1})
+    prepare(sink, f"{unique}.w.1.1", records("t", [{"n": 1}]))
+    stop_component("s3")
+    try:
+        with pytest.raises(RetryableError, match="cannot reach http://127.0.0.1"):
+            sink.commit(f"{unique}.w.1.1")
+        with pytest.raises(RetryableError):
+            prepare(sink, f"{unique}.w.1.2", records("t", [{"n": 2}], start=1))
+        with pytest.raises(RetryableError):
+            sink.abort(f"{unique}.w.1.2")
+        with pytest.raises(RetryableError):
+            sink.recover()
+        with pytest.raises(RetryableError):
+            sink.open()
+    finally:
+        start_component("s3")
+    sink.open()  # moto forgot everything: the restarted task's open() creates the bucket again
+    prepare(sink, f"{unique}.w.1.3", records("t", [{"n": 3}], start=2))
+    sink.commit(f"{unique}.w.1.3")
+    assert list(visible(client, bucket, unique)) == [f"{unique}/t/0/{2:020d}-{2:020d}.jsonl"]
+
+
+def test_missing_bucket_without_create_is_fatal_and_names_the_bucket(make_sink, bucket):
+    sink = make_sink(open_=False, **{"s3.bucket.create": False})
+    with pytest.raises(FatalError, match=f"bucket s3://{bucket} does not exist"):
+        sink.open()
+
+
+@pytest.mark.parametrize(("code", "status", "error", "match"), [
+    ("SlowDown", 503, RetryableError, "SlowDown"),
+    ("InternalError", 500, RetryableError, "InternalError"),
+    ("BadGateway", 502, RetryableError, "HTTP 502"),
+    ("AccessDenied", 403, FatalError, "access denied .* policy of bucket"),
+    ("NoSuchBucket", 404, FatalError, "bucket .* does not exist"),
+])
+def test_s3_error_codes_map_to_outcome_classes_and_name_bucket_and_key(make_sink, bucket, unique, code, status, error, match):
+    sink = make_sink()
+    with Stubber(sink._client) as stubber:
+        stubber.add_client_error("get_object", service_error_code=code, http_status_code=status)
+        with pytest.raises(error, match=match) as err:
+            prepare(sink, f"{unique}.w.1.1", records("t", [{"n": 1}]))
+    assert f"s3://{bucket}/__epochs__/{unique}/t-0" in str(err.value)
+
+
+def test_secrets_are_masked_and_config_is_validated():
+    cfg = {"s3.bucket.name": "b", "aws.access.key.id": "AKIA1", "aws.secret.access.key": "sekrit", "aws.session.token": "tok"}
+    masked = S3Sink.CONFIG.mask(cfg)
+    assert masked["aws.secret.access.key"] == MASK and masked["aws.session.token"] == MASK
+    assert masked["aws.access.key.id"] == "AKIA1"
+    with pytest.raises(ConfigError, match="s3.part.size"):
+        S3Sink("c", {**cfg, "s3.part.size": 1024})
+    with pytest.raises(ConfigError, match="format"):
+        S3Sink("c", {**cfg, "format": "csv"})
+    with pytest.raises(ConfigError, match="s3.bucket.name"):
+        S3Sink("c", {})
