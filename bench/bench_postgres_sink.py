@@ -106,6 +106,7 @@ class Result:
     records: int = 0
     seconds: float = 0.0
     rounds: list[float] = field(default_factory=list)  # records/s per round
+    cpu_s: float = 0.0  # this process's CPU seconds in the best round (the server's are not counted)
 
     @property
     def rate(self) -> float:
@@ -125,8 +126,8 @@ def count(conn: psycopg.Connection[Any], name: str) -> int:
     return int(row[0]) if row else -1
 
 
-def run_raw_copy(dsn: str, table: str, parts: list[Sequence[SinkRecord]], binary: bool) -> float:
-    """Seconds to COPY pre-built tuples of every batch, one COPY + COMMIT per batch."""
+def run_raw_copy(dsn: str, table: str, parts: list[Sequence[SinkRecord]], binary: bool) -> tuple[float, float]:
+    """Seconds (wall, client CPU) to COPY pre-built tuples of every batch, one COPY + COMMIT per batch."""
     getter = itemgetter(*[f for f, _, _ in FIELDS])
     prebuilt = [[getter(r.value) + (r.topic, r.partition, r.offset) for r in part] for part in parts]
     stmt = sql.SQL("COPY {} ({}) FROM STDIN" + (" (FORMAT BINARY)" if binary else "")).format(
@@ -134,7 +135,7 @@ def run_raw_copy(dsn: str, table: str, parts: list[Sequence[SinkRecord]], binary
     )
     with psycopg.connect(dsn) as conn:
         create_table(conn, table)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for rows in prebuilt:
             with conn.cursor() as cur, cur.copy(stmt) as cp:
                 cp.set_types(COPY_TYPES)
@@ -142,13 +143,15 @@ def run_raw_copy(dsn: str, table: str, parts: list[Sequence[SinkRecord]], binary
                 for row in rows:
                     write(row)
             conn.commit()
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
         assert count(conn, table) == sum(map(len, prebuilt)), "raw COPY lost rows"
-    return elapsed
+    return elapsed, cpu
 
 
-def run_sink(dsn: str, topic: str, connector: str, parts: list[Sequence[SinkRecord]], cycles: list[dict[str, float]]) -> float:
-    """Seconds for full sink cycles over every batch (the table is auto-created by a warm-up)."""
+def run_sink(
+    dsn: str, topic: str, connector: str, parts: list[Sequence[SinkRecord]], cycles: list[dict[str, float]]
+) -> tuple[float, float]:
+    """Seconds (wall, client CPU) for full sink cycles over every batch (table auto-created by a warm-up)."""
     sink = PostgresSink(connector, {"connection.url": dsn})
     sink.open()
     try:
@@ -158,7 +161,7 @@ def run_sink(dsn: str, topic: str, connector: str, parts: list[Sequence[SinkReco
         sink.pre_commit(manifest_for(f"{connector}.w.0.0", connector, warm, 1))
         sink.abort(f"{connector}.w.0.0")
         manifests = [manifest_for(f"{connector}.w.1.{i + 1}", connector, part, 1) for i, part in enumerate(parts)]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for part, m in zip(parts, manifests):
             sink.begin_transaction(m.txn_id)
             sink.write(part)
@@ -166,14 +169,14 @@ def run_sink(dsn: str, topic: str, connector: str, parts: list[Sequence[SinkReco
             sink.commit(m.txn_id)
             t = sink.timings
             cycles.append({"manifest": t.manifest_ms, "write": t.write_ms, "prepare": t.prepare_ms, "commit": t.commit_ms})
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     finally:
         sink.close()
-    return elapsed
+    return elapsed, cpu
 
 
-def run_executemany(dsn: str, table: str, parts: list[Sequence[SinkRecord]], budget_s: float) -> tuple[int, float]:
-    """Records and seconds of an at-least-once consumer (executemany + COMMIT per batch)."""
+def run_executemany(dsn: str, table: str, parts: list[Sequence[SinkRecord]], budget_s: float) -> tuple[int, float, float]:
+    """Records, seconds and client CPU of an at-least-once consumer (executemany + COMMIT per batch)."""
     getter = itemgetter(*[f for f, _, _ in FIELDS])
     stmt = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
         sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, COLUMNS)), sql.SQL(", ").join([sql.Placeholder()] * len(COLUMNS))
@@ -181,7 +184,7 @@ def run_executemany(dsn: str, table: str, parts: list[Sequence[SinkRecord]], bud
     done = 0
     with psycopg.connect(dsn) as conn:
         create_table(conn, table)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for part in parts:
             rows = [getter(r.value) + (r.topic, r.partition, r.offset) for r in part]
             with conn.cursor() as cur:
@@ -190,9 +193,9 @@ def run_executemany(dsn: str, table: str, parts: list[Sequence[SinkRecord]], bud
             done += len(part)
             if time.perf_counter() - t0 > budget_s:
                 break
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
         assert count(conn, table) == done, "executemany lost rows"
-    return done, elapsed
+    return done, elapsed, cpu
 
 
 def default_dsn() -> str:
@@ -236,29 +239,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     cycles: list[dict[str, float]] = []
     tables: list[str] = [raw_table, text_table, alo_table]
     for rnd in range(args.rounds):
-        runs: list[tuple[Result, Callable[[], float]]] = [
+        runs: list[tuple[Result, Callable[[], tuple[float, float]]]] = [
             (raw, lambda: run_raw_copy(dsn, raw_table, parts, True)),
             (raw_text, lambda: run_raw_copy(dsn, text_table, parts, False)),
             (sink, lambda: run_sink(dsn, topic, f"bench{tag}r{rnd}", parts, cycles)),
         ]
         for res, fn in runs:
-            secs = fn()
+            secs, cpu = fn()
             res.rounds.append(len(records) / secs)
             if not res.seconds or secs < res.seconds:
-                res.records, res.seconds = len(records), secs
+                res.records, res.seconds, res.cpu_s = len(records), secs, cpu
         tables.append(f"bench_pg_{tag}")
         if rnd < args.rounds - 1:  # the sink appends to its auto-created table: start the next round empty
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(f"bench_pg_{tag}")))
     alo = Result("executemany INSERT (at-least-once)")
-    alo.records, alo.seconds = run_executemany(dsn, alo_table, parts, args.baseline_budget_s)
+    alo.records, alo.seconds, alo.cpu_s = run_executemany(dsn, alo_table, parts, args.baseline_budget_s)
     alo.rounds.append(alo.rate)
 
     print()
-    print(f"{'mode':36s} {'records':>10s} {'seconds':>8s} {'records/s':>11s} {'vs raw COPY':>12s} {'vs executemany':>15s}   rounds (records/s)")
+    print(f"{'mode':36s} {'records':>10s} {'seconds':>8s} {'records/s':>11s} {'vs raw COPY':>12s} {'vs executemany':>15s}"
+          f" {'client CPU':>11s}   rounds (records/s)")
     for res in (raw, raw_text, sink, alo):
         print(f"{res.name:36s} {res.records:>10,} {res.seconds:>8.2f} {res.rate:>11,.0f} {res.rate / raw.rate:>11.0%} "
-              f"{res.rate / alo.rate:>14.1f}x   {', '.join(f'{x:,.0f}' for x in res.rounds)}")
+              f"{res.rate / alo.rate:>14.1f}x {res.cpu_s / res.records * 1e6:>7.2f} us/r   {', '.join(f'{x:,.0f}' for x in res.rounds)}")
+    print(f"(load average {', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs: "
+          "client and server share them, so a loaded machine lowers every rate and the ratios with it)")
     if cycles:
         def med(k: str) -> float:
             return statistics.median(c[k] for c in cycles)

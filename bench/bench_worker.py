@@ -166,9 +166,10 @@ def prefill(bootstrap: str, topic: str, n: int, partitions: int) -> bool:
                 except BufferError:
                     producer.poll(0.05)
         producer.commit_transaction(120)
-        print(f"\r  pre-filling {topic}: {min(n, start + TXN_RECORDS):,}/{n:,}", end="", flush=True)
+        if sys.stdout.isatty():
+            print(f"\r  pre-filling {topic}: {min(n, start + TXN_RECORDS):,}/{n:,}", end="", flush=True)
     elapsed = time.perf_counter() - t0
-    print(f"\r  pre-filled {topic}: {n:,} records in {partitions} partitions, "
+    print(f"{chr(13) if sys.stdout.isatty() else ''}  pre-filled {topic}: {n:,} records in {partitions} partitions, "
           f"{-(-n // TXN_RECORDS)} transactions, in {elapsed:.1f}s")
     have = watermarks(bootstrap, topic, partitions)
     if have != want:
@@ -183,6 +184,7 @@ class Result:
     records: int = 0
     nbytes: int = 0  # value bytes delivered (sum of len(value))
     seconds: float = 0.0
+    cpu_s: float = 0.0  # CPU time (user + system, every thread) of the process doing the work
     cycles: int | None = None
     kind: str = ""
     check: str = ""
@@ -223,13 +225,25 @@ class IdCheck:
         return ok, text
 
 
+def cpu_self() -> float:
+    """CPU seconds of this process so far, librdkafka's and kazoo's threads included."""
+    t = os.times()
+    return t.user + t.system
+
+
+def cpu_of(pid: int) -> float:
+    """CPU seconds of another process so far (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # ---------------------------------------------------------------------------------------- ceiling
 def run_ceiling(bootstrap: str, topic: str, tps: list[TopicPartition], n: int, tag: str, timeout_s: float) -> Result:
     s = TaskSettings(commit_interval_s=COMMIT_INTERVAL_S)
     src = KafkaSource(f"bench-ceiling-{tag}", bootstrap)
     records = nbytes = polls = 0
     try:
-        t0 = time.perf_counter()
+        c0, t0 = cpu_self(), time.perf_counter()
         src.assign({tp: 0 for tp in tps})
         while records < n:
             batch = src.poll_batch(_capped(s.max_records, n - records), s.max_bytes, s.commit_interval_s)
@@ -240,11 +254,11 @@ def run_ceiling(bootstrap: str, topic: str, tps: list[TopicPartition], n: int, t
             polls += 1
             if time.perf_counter() - t0 > timeout_s:
                 raise RuntimeError(f"ceiling: only {records:,} of {n:,} records after {timeout_s:.0f}s")
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, cpu_self() - c0
     finally:
         src.close()
     ok = records == n
-    return Result("raw consumer (ceiling)", records, nbytes, elapsed, kind="ceiling",
+    return Result("raw consumer (ceiling)", records, nbytes, elapsed, cpu, kind="ceiling",
                   check=f"{'ok' if ok else 'FAILED'}: {records:,} records decoded", extra={"polls": polls})
 
 
@@ -303,7 +317,7 @@ def run_eosink(kind: str, bootstrap: str, zk_hosts: str, topic: str, tps: list[T
     cycle_records: list[int] = []
     try:
         task.open()
-        t0 = time.perf_counter()
+        c0, t0 = cpu_self(), time.perf_counter()
         task.assign(tps)
         t_assigned = time.perf_counter()
         while delivered < n:
@@ -318,7 +332,7 @@ def run_eosink(kind: str, bootstrap: str, zk_hosts: str, topic: str, tps: list[T
                 raise RuntimeError(f"{name}: cycle {r.outcome.value}: {r.error!r}")
             if time.perf_counter() - t0 > timeout_s:
                 raise RuntimeError(f"{name}: only {delivered:,} of {n:,} records after {timeout_s:.0f}s")
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, cpu_self() - c0
         steps["assign"] = t_assigned - t0
         steps["other"] = elapsed - sum(steps.values())
         task.shutdown()
@@ -348,7 +362,7 @@ def run_eosink(kind: str, bootstrap: str, zk_hosts: str, topic: str, tps: list[T
     ok, text = ids.summary()
     ok = ok and leftover == 0 and delivered == n
     check = f"{'ok' if ok else 'FAILED'}: {text}" + (f", {leftover} files/txns left prepared" if leftover else "")
-    return Result(name, delivered, nbytes, elapsed, cycles, kind=f"eosink-{kind}", check=check, extra={
+    return Result(name, delivered, nbytes, elapsed, cpu, cycles, kind=f"eosink-{kind}", check=check, extra={
         "outcomes": dict(outcomes),
         "steps_s": {k: round(v, 3) for k, v in steps.items()},
         "records_per_cycle": {"min": min(cycle_records), "max": max(cycle_records), "mean": round(delivered / cycles)},
@@ -402,6 +416,7 @@ def run_connect(bootstrap: str, topic: str, n: int, total_bytes: int, value_byte
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     t_first = None
+    cpu_first = 0.0
     size = 0
     try:
         while size < total_bytes:
@@ -411,14 +426,14 @@ def run_connect(bootstrap: str, topic: str, n: int, total_bytes: int, value_byte
                 size = 0
             now = time.perf_counter()
             if size and t_first is None:
-                t_first = now
+                t_first, cpu_first = now, cpu_of(proc.pid)
             if proc.poll() is not None:
                 raise RuntimeError(f"Kafka Connect exited with {proc.returncode}; see {log_file} and {cdir / 'console.log'}")
             if now - t0 > timeout_s:
                 raise RuntimeError(f"Kafka Connect: {size:,} of {total_bytes:,} bytes after {timeout_s:.0f}s; see {log_file}")
             if size < total_bytes:
                 time.sleep(0.005)
-        t_done = time.perf_counter()
+        t_done, cpu_done = time.perf_counter(), cpu_of(proc.pid)
     finally:
         _stop_group(proc)
         console.close()
@@ -429,8 +444,10 @@ def run_connect(bootstrap: str, topic: str, n: int, total_bytes: int, value_byte
             ids.add(json.loads(line)["id"])
     ok, text = ids.summary()
     check = f"{'ok' if ok else 'FAILED'}: {text}" + ("" if size == total_bytes else f", {size - total_bytes:+,} bytes")
-    launch = Result("Kafka Connect FileStreamSink, from launch", n, value_bytes, t_done - t0, kind="connect-launch", check=check)
-    first = Result("Kafka Connect FileStreamSink, from 1st byte", n, value_bytes, t_done - t_first, kind="connect-first-byte",
+    launch = Result("Kafka Connect FileStreamSink, from launch", n, value_bytes, t_done - t0, cpu_done, kind="connect-launch",
+                    check=check)
+    first = Result("Kafka Connect FileStreamSink, from 1st byte", n, value_bytes, t_done - t_first, cpu_done - cpu_first,
+                   kind="connect-first-byte",
                    check=check, extra={"jvm_start_to_first_byte_s": round(t_first - t0, 2)})
     return launch, first
 
@@ -524,14 +541,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print()
     print(f"{'mode':45s} {'records':>10s} {'seconds':>8s} {'records/s':>10s} {'MB/s':>6s} {'cycles':>6s} "
-          f"{'/ceiling':>8s} {'/Connect':>8s}")
+          f"{'/ceiling':>8s} {'/Connect':>8s} {'CPU s':>6s} {'CPU us/rec':>10s}")
     for r in results:
         vs_peer = f"{r.rate / peer.rate:.2f}x" if peer else "-"
         cycles = str(r.cycles) if r.cycles is not None else "-"
         print(f"{r.name:45s} {r.records:>10,} {r.seconds:>8.2f} {r.rate:>10,.0f} {r.mb_s:>6.1f} {cycles:>6s} "
-              f"{r.rate / ceiling.rate:>8.0%} {vs_peer:>8s}")
+              f"{r.rate / ceiling.rate:>8.0%} {vs_peer:>8s} {r.cpu_s:>6.1f} {r.cpu_s / r.records * 1e6:>10.1f}")
     print(f"(ceiling = best of two raw runs: {ceil1.rate:,.0f} and {ceil2.rate:,.0f} records/s; MB/s = 10^6 value bytes/s; "
-          f"/Connect = against Kafka Connect from its first byte)")
+          f"/Connect = against Kafka Connect from its first byte; CPU = user+system of the process doing the work, all threads)")
     for r in (fs, mem):
         st = r.extra["steps_s"]
         print(f"{r.name}: " + ", ".join(f"{k} {v:.2f}s" for k, v in st.items()) +

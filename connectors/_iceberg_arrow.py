@@ -165,6 +165,25 @@ def _split_top_level(text: str) -> list[str]:
     return [p.strip() for p in out if p.strip()]
 
 
+def check_partition_fields(specs: Sequence[str]) -> None:
+    """Refuse at configuration time what would only fail at the first write.
+
+    pyiceberg computes every transform but identity with the optional ``pyiceberg-core`` package.
+    """
+    for spec in _split_top_level(",".join(specs)):
+        m = _TRANSFORM.match(spec)
+        if not m:
+            raise ConfigError(f"cannot parse partition field {spec!r}; use col, bucket(N, col), truncate(W, col), "
+                              "year(col), month(col), day(col) or hour(col)", key="iceberg.partition.fields")
+        if m.group(1):
+            try:
+                import pyiceberg_core  # noqa: F401
+            except ImportError:
+                raise ConfigError(f"{spec!r}: pyiceberg computes {m.group(1)}() partitions with the pyiceberg-core package, which "
+                                  "is not installed (pip install 'pyiceberg[pyiceberg-core]'); identity partitions work without it",
+                                  key="iceberg.partition.fields") from None
+
+
 def partition_spec(specs: Sequence[str], schema: Schema) -> PartitionSpec:
     """``iceberg.partition.fields``: ``col``, ``bucket(16, col)``, ``truncate(4, col)``, ``day(col)``..."""
     fields: list[PartitionField] = []
@@ -261,16 +280,18 @@ def to_arrow(schema: Schema, records: Sequence[SinkRecord], values: Sequence[dic
                           "has no column in the table (auto.evolve is off)", lambda x: x is not _MISSING)
     arrow_schema = schema_to_pyarrow(schema, include_field_ids=False)
     arrays: list[pa.Array] = []
-    for field, afield in zip(schema.fields, arrow_schema):
-        if kafka and field.name == "__topic":
+    for f, af in zip(schema.fields, arrow_schema):
+        # Plain comprehensions: measured faster than an itemgetter + zip(*rows) transpose here.
+        if kafka and f.name == "__topic":
             col: list[Any] = [r.topic for r in records]
-        elif kafka and field.name == "__partition":
+        elif kafka and f.name == "__partition":
             col = [r.partition for r in records]
-        elif kafka and field.name == "__offset":
+        elif kafka and f.name == "__offset":
             col = [r.offset for r in records]
         else:
-            col = [v.get(field.name) for v in values]
-        arrays.append(_convert(records, col, field, afield.type))
+            get = f.name
+            col = [v.get(get) for v in values]
+        arrays.append(_convert(records, col, f, af.type))
     return pa.Table.from_arrays(arrays, schema=arrow_schema)
 
 

@@ -49,37 +49,35 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pyiceberg.catalog import Catalog, load_catalog
-from pyiceberg.exceptions import (
-    CommitFailedException,
-    CommitStateUnknownException,
-    NoSuchNamespaceError,
-    NoSuchTableError,
-    ServerError,
-    ServiceUnavailableError,
-    TooManyRequestsError,
-)
+from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.io.pyarrow import _dataframe_to_data_files, parquet_files_to_data_files
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.locations import load_location_provider
 
 from connectors import _iceberg_arrow as ia
+from connectors import _iceberg_txn as itx
 from connectors._iceberg_store import Markers, Storage, txn_key
+from connectors._iceberg_txn import (
+    SUMMARY_CONNECTOR,
+    SUMMARY_EPOCHS,
+    SUMMARY_OFFSETS,
+    SUMMARY_TXN,
+    Prepared,
+    TableTxn,
+)
 from connectors.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
-from connectors.errors import ConfigError, EosinkError, FatalError, FencedError, RetryableError
-from connectors.records import PartitionRange, SinkRecord, TxnManifest
+from connectors.errors import ConfigError, FatalError, RetryableError
+from connectors.records import SinkRecord, TxnManifest
 from connectors.sink import BatchingSink
 
+__all__ = ["IcebergSink", "CycleTimings", "SUMMARY_TXN", "SUMMARY_CONNECTOR", "SUMMARY_EPOCHS", "SUMMARY_OFFSETS"]
 log = logging.getLogger(__name__)
-COMPONENT = ia.COMPONENT
-SUMMARY_TXN, SUMMARY_CONNECTOR = "eosink.txn", "eosink.connector"
-SUMMARY_EPOCHS, SUMMARY_OFFSETS = "eosink.epochs", "eosink.offsets"
-STATE_PREFIX = "eosink.state."
-NO_RETRIES = {TableProperties.COMMIT_NUM_RETRIES: "0"}
+COMPONENT = itx.COMPONENT
 CATALOG_PROPS_PREFIX = "iceberg.catalog.properties."
 TABLE_PROPS_PREFIX = "iceberg.table.properties."
 _S3_KEYS = ("s3.endpoint", "s3.access-key-id", "s3.secret-access-key", "s3.region")
@@ -97,62 +95,6 @@ class CycleTimings:
     commit_ms: float = 0.0
     rows: int = 0
     files: int = 0
-
-
-@dataclass
-class _TableTxn:
-    """What one txn prepared in one table. ``data_files``/``table`` are in-memory shortcuts only."""
-
-    table: str
-    dir: str
-    partitions: list[tuple[str, int]]
-    files: list[str] = field(default_factory=list)
-    data_files: list[DataFile] | None = None
-    spec_id: int = -1  # the partition spec data_files were written for
-    loaded: Table | None = None
-
-    def doc(self) -> dict[str, Any]:
-        return {"table": self.table, "dir": self.dir, "partitions": self.partitions, "files": self.files}
-
-    @classmethod
-    def from_doc(cls, d: Mapping[str, Any]) -> "_TableTxn":
-        return cls(d["table"], d["dir"], [(t, int(p)) for t, p in d["partitions"]], list(d["files"]))
-
-
-@dataclass
-class _Prepared:
-    manifest: TxnManifest
-    tables: list[_TableTxn]
-
-
-def _classify(exc: BaseException, what: str) -> EosinkError:
-    """Retryable for conflicts, lost connections and unavailable services; fatal otherwise."""
-    if isinstance(exc, EosinkError):
-        return exc
-    transient: tuple[type[BaseException], ...] = (CommitFailedException, CommitStateUnknownException, ServiceUnavailableError,
-                                                  ServerError, TooManyRequestsError, OSError, TimeoutError)
-    try:
-        from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError, TimeoutError as PoolTimeout
-
-        transient += (DisconnectionError, InterfaceError, OperationalError, PoolTimeout)
-    except ImportError:  # pragma: no cover - only the REST catalog without the sql extra
-        pass
-    if isinstance(exc, transient):
-        return RetryableError(f"{what} failed: {type(exc).__name__}: {exc}", component=COMPONENT)
-    return FatalError(f"{what} failed: {type(exc).__name__}: {exc}", component=COMPONENT)
-
-
-def _no_retry(table: Table) -> Table:
-    """The same table whose *local* metadata says 0 commit retries (the catalog's copy is untouched).
-
-    pyiceberg reads the retry count from the table object it commits through; overriding it here
-    keeps this sink safe on tables created by others without changing their retry setting.
-    """
-    props = table.metadata.properties
-    if props.get(TableProperties.COMMIT_NUM_RETRIES) == "0":
-        return table
-    md = table.metadata.model_copy(update={"properties": {**props, **NO_RETRIES}})
-    return Table(table.name(), md, table.metadata_location, table.io, table.catalog, table.config)
 
 
 class IcebergSink(BatchingSink):
@@ -199,6 +141,10 @@ class IcebergSink(BatchingSink):
         self.template: str = c["iceberg.table"]
         if "." not in self.template.replace("${topic}", "t"):
             raise ConfigError("must be namespace.table (e.g. analytics.${topic})", key="iceberg.table", source=src)
+        try:
+            ia.check_partition_fields(c["iceberg.partition.fields"])
+        except ConfigError as exc:
+            raise ConfigError(exc.message.split(": ", 1)[-1], key=exc.key, source=src) from None
         warehouse = c["iceberg.warehouse"]
         if c["iceberg.catalog.type"] == "sql" and not warehouse:
             raise ConfigError("is required for iceberg.catalog.type=sql (file:///path or s3://bucket/path)",
@@ -216,15 +162,15 @@ class IcebergSink(BatchingSink):
         for key, prop in (("iceberg.catalog.credential", "credential"), ("iceberg.catalog.token", "token")):
             if c[key]:
                 self.catalog_props[prop] = c[key]
-        self.table_props = {**NO_RETRIES, **{k[len(TABLE_PROPS_PREFIX):]: str(v) for k, v in c.items() if k.startswith(TABLE_PROPS_PREFIX)}}
+        self.table_props = {**itx.NO_RETRIES, **{k[len(TABLE_PROPS_PREFIX):]: str(v) for k, v in c.items() if k.startswith(TABLE_PROPS_PREFIX)}}
         self.attempts: int = c["iceberg.commit.attempts"]
         self.storage = Storage.for_properties(io_props, fsync=bool(c["iceberg.fsync"]))
         self.markers = Markers(self.storage, pending, connector)
         #: Tells this sink's markers from a sibling's in a fanout connector writing to the same place.
         self._fingerprint = hashlib.sha1(json.dumps([c["iceberg.catalog.uri"], c["iceberg.catalog.name"], self.template]).encode()).hexdigest()[:12]
         self._catalog: Catalog | None = None
-        self._prepared: dict[str, _Prepared] = {}
-        self._staging: dict[str, list[_TableTxn]] = {}  # files being written: what abort must clean
+        self._prepared: dict[str, Prepared] = {}
+        self._staging: dict[str, list[TableTxn]] = {}  # files being written: what abort must clean
         self._committed: OrderedDict[str, None] = OrderedDict()
         self._known_tables: set[str] = set()
         self.timings = CycleTimings()
@@ -247,7 +193,7 @@ class IcebergSink(BatchingSink):
             try:
                 self._catalog = load_catalog(self.config["iceberg.catalog.name"], **self.catalog_props)
             except Exception as exc:  # noqa: BLE001 - classified
-                raise _classify(exc, f"connecting to the {self.catalog_props['type']} catalog") from exc
+                raise itx.classify(exc, f"connecting to the {self.catalog_props['type']} catalog") from exc
         return self._catalog
 
     def table_name(self, topic: str) -> str:
@@ -283,7 +229,7 @@ class IcebergSink(BatchingSink):
             if not fields:
                 return table, len(new) == 0
             try:
-                with _no_retry(table).update_schema() as upd:
+                with itx.no_retry(table).update_schema() as upd:
                     for name, ftype in fields:
                         upd.add_column(name, ftype)
                 log.info("added columns %s to %s", [n for n, _ in fields], ident)
@@ -291,27 +237,6 @@ class IcebergSink(BatchingSink):
                 pass  # someone else changed the table: re-read and look again
             table = self._load(ident)
         raise RetryableError(f"schema of {ident} kept changing while adding columns", component=COMPONENT)
-
-    # -- the resource fence and the proof of commit ---------------------------------------------
-    def _state_key(self, topic: str, partition: int) -> str:
-        return f"{STATE_PREFIX}{self.connector}.{topic}-{partition}"
-
-    def _check_fence(self, table: Table, ranges: list[PartitionRange], txn_id: str) -> None:
-        props = table.metadata.properties
-        for r in ranges:
-            raw = props.get(self._state_key(r.topic, r.partition))
-            if raw is not None and int(json.loads(raw)["epoch"]) > r.epoch:
-                raise FencedError(f"txn {txn_id}: epoch {r.epoch} for {r.tp} is older than epoch {json.loads(raw)['epoch']} "
-                                  f"already committed to {table.name()[-1]}", component=COMPONENT)
-
-    def _is_committed(self, table: Table, txn_id: str) -> bool:
-        """The txn id in a snapshot summary, or (after snapshot expiry) in a partition's fence state."""
-        for snap in table.metadata.snapshots:
-            extra = snap.summary.additional_properties if snap.summary is not None else {}
-            if extra.get(SUMMARY_TXN) == txn_id and extra.get(SUMMARY_CONNECTOR) == self.connector:
-                return True
-        prefix = f"{STATE_PREFIX}{self.connector}."
-        return any(k.startswith(prefix) and json.loads(v).get("txn") == txn_id for k, v in table.metadata.properties.items())
 
     # -- prepare --------------------------------------------------------------------------------
     def prepare_batch(self, manifest: TxnManifest, records: list[SinkRecord]) -> None:
@@ -321,7 +246,7 @@ class IcebergSink(BatchingSink):
         try:
             self._prepare(manifest, records)
         except Exception as exc:  # noqa: BLE001 - classified; abort() cleans what was written
-            raise _classify(exc, f"prepare of {txn}") from exc
+            raise itx.classify(exc, f"prepare of {txn}") from exc
 
     def _prepare(self, manifest: TxnManifest, records: list[SinkRecord]) -> None:
         txn = manifest.txn_id
@@ -345,13 +270,13 @@ class IcebergSink(BatchingSink):
             table, complete = self._ensure_table(ident, recs, vals)
             topics = {r.topic for r in recs}
             ranges = [r for r in manifest.ranges if r.topic in topics]
-            self._check_fence(table, ranges, txn)
+            itx.check_fence(self.connector, table, ranges, txn)
             t2 = time.perf_counter()
             arrow = ia.to_arrow(table.schema(), recs, vals, self.kafka, unknown_ok=complete)
             convert_ms += (time.perf_counter() - t2) * 1000
             load_ms += (t2 - t1) * 1000
             data_path = load_location_provider(table.metadata.location, table.metadata.properties).data_path
-            tt = _TableTxn(ident, f"{data_path}/eosink-{key}", sorted({(r.topic, r.partition) for r in ranges}), loaded=table)
+            tt = TableTxn(ident, f"{data_path}/eosink-{key}", sorted({(r.topic, r.partition) for r in ranges}), loaded=table)
             plan.append((tt, arrow))
         # Every record fits: from here on files are written, and abort() knows where.
         t3 = time.perf_counter()
@@ -371,14 +296,14 @@ class IcebergSink(BatchingSink):
         doc = {"v": 1, "txn": txn, "connector": self.connector, "sink": self._fingerprint,
                "manifest": json.loads(manifest.to_json()), "tables": [tt.doc() for tt, _ in plan], "prepared_ms": int(time.time() * 1000)}
         self.markers.put(txn, doc)
-        self._prepared[txn] = _Prepared(manifest, [tt for tt, _ in plan])
+        self._prepared[txn] = Prepared(manifest, [tt for tt, _ in plan])
         self._staging.pop(txn, None)
         t5 = time.perf_counter()
         self.timings = CycleTimings(load_ms=load_ms, convert_ms=convert_ms, write_ms=(t4 - t3) * 1000, marker_ms=(t5 - t4) * 1000,
                                     rows=len(records), files=sum(len(tt.files) for tt, _ in plan))
         log.debug("prepared %s: %d rows in %d files (%.1f ms)", txn, len(records), self.timings.files, (t5 - t0) * 1000)
 
-    def _write_files(self, tt: _TableTxn, arrow: Any, txn: str) -> list[DataFile]:
+    def _write_files(self, tt: TableTxn, arrow: Any, txn: str) -> list[DataFile]:
         """Parquet files under the txn's own directory (``write.data.path`` overridden for this write only)."""
         table = tt.loaded
         assert table is not None
@@ -400,12 +325,12 @@ class IcebergSink(BatchingSink):
                 if doc is None:
                     self._commit_without_marker(txn_id)
                     return
-                prepared = _Prepared(TxnManifest.from_json(json.dumps(doc["manifest"])), [_TableTxn.from_doc(t) for t in doc["tables"]])
+                prepared = Prepared(TxnManifest.from_json(json.dumps(doc["manifest"])), [TableTxn.from_doc(t) for t in doc["tables"]])
             for tt in prepared.tables:
                 self._commit_table(prepared.manifest, tt)
             self.markers.delete(txn_id)
         except Exception as exc:  # noqa: BLE001 - classified; commit is idempotent, the engine retries it
-            raise _classify(exc, f"commit of {txn_id}") from exc
+            raise itx.classify(exc, f"commit of {txn_id}") from exc
         self._prepared.pop(txn_id, None)
         self._remember(txn_id)
         self.timings.commit_ms = (time.perf_counter() - t0) * 1000
@@ -415,49 +340,31 @@ class IcebergSink(BatchingSink):
         while len(self._committed) > _REMEMBER_COMMITTED:
             self._committed.popitem(last=False)
 
-    def _commit_table(self, manifest: TxnManifest, tt: _TableTxn) -> None:
+    def _commit_table(self, manifest: TxnManifest, tt: TableTxn) -> None:
         txn = manifest.txn_id
-        parts = set(tt.partitions)
-        ranges = [r for r in manifest.ranges if (r.topic, r.partition) in parts]
+        ranges = tt.ranges(manifest)
         table, tt.loaded = tt.loaded, None
         for attempt in range(1, self.attempts + 1):
             if table is None:
                 table = self._load(tt.table)
-            if self._is_committed(table, txn):
+            if itx.is_committed(self.connector, table, txn):
                 return
-            self._check_fence(table, ranges, txn)
-            files = tt.data_files
-            if files is None or tt.spec_id != table.metadata.default_spec_id:
-                files = tt.data_files = self._data_files(table, tt, txn)
-                tt.spec_id = table.metadata.default_spec_id
-            tps = {f"{r.topic}-{r.partition}": r for r in ranges}
-            summary = {SUMMARY_TXN: txn, SUMMARY_CONNECTOR: self.connector,
-                       SUMMARY_EPOCHS: json.dumps({k: r.epoch for k, r in tps.items()}, separators=(",", ":")),
-                       SUMMARY_OFFSETS: json.dumps({k: [r.first_offset, r.last_offset] for k, r in tps.items()}, separators=(",", ":"))}
-            state = {}
-            for r in ranges:
-                raw = table.metadata.properties.get(self._state_key(r.topic, r.partition))
-                seen = int(json.loads(raw)["epoch"]) if raw else -1
-                state[self._state_key(r.topic, r.partition)] = json.dumps(
-                    {"epoch": max(seen, r.epoch), "next_offset": r.next_offset, "txn": txn}, separators=(",", ":"))
-            tx = _no_retry(table).transaction()
-            tx.set_properties(state)
-            with tx.update_snapshot(snapshot_properties=summary).fast_append() as append:
-                for df in files:
-                    append.append_data_file(df)
+            itx.check_fence(self.connector, table, ranges, txn)
+            if tt.data_files is None or tt.spec_id != table.metadata.default_spec_id:
+                tt.data_files, tt.spec_id = self._data_files(table, tt, txn), table.metadata.default_spec_id
             try:
-                tx.commit_transaction()
+                itx.append(self.connector, table, txn, ranges, tt.data_files)
                 return
             except CommitFailedException as exc:
                 # Another writer committed first. Never re-apply on top blindly (that is what
-                # pyiceberg's retries would do): re-read, then check fence and txn id again.
+                # pyiceberg's retries would do): re-read, then check the fence and the txn id again.
                 log.info("commit of %s to %s conflicted (attempt %d/%d): %s", txn, tt.table, attempt, self.attempts, exc)
                 table = None
                 if attempt == self.attempts:
                     raise RetryableError(f"commit of {txn} to {tt.table}: another writer committed first {self.attempts} "
                                          f"time(s) in a row ({exc})", component=COMPONENT) from exc
 
-    def _data_files(self, table: Table, tt: _TableTxn, txn: str) -> list[DataFile]:
+    def _data_files(self, table: Table, tt: TableTxn, txn: str) -> list[DataFile]:
         """DataFiles rebuilt from the Parquet footers (after a restart only the paths are known)."""
         try:
             return list(parquet_files_to_data_files(table.io, table.metadata, iter(tt.files)))
@@ -473,7 +380,7 @@ class IcebergSink(BatchingSink):
             candidates.add(self.template)
         for ident in sorted(candidates):
             try:
-                if self._is_committed(self._load(ident), txn_id):
+                if itx.is_committed(self.connector, self._load(ident), txn_id):
                     self._remember(txn_id)
                     return
             except NoSuchTableError:
@@ -496,13 +403,13 @@ class IcebergSink(BatchingSink):
             tables = prepared.tables if prepared else self._staging.get(txn_id)
             if tables is None:
                 doc = self.markers.get(txn_id)
-                tables = [_TableTxn.from_doc(t) for t in doc["tables"]] if doc else []
+                tables = [TableTxn.from_doc(t) for t in doc["tables"]] if doc else []
             for tt in tables:
                 try:
                     table: Table | None = self._load(tt.table)
                 except (NoSuchTableError, NoSuchNamespaceError):
                     table = None
-                if table is not None and self._is_committed(table, txn_id):
+                if table is not None and itx.is_committed(self.connector, table, txn_id):
                     log.error("abort of %s: it is already committed to %s; its files stay", txn_id, tt.table)
                     continue
                 storage = Storage(table.io, self.storage.fsync) if table is not None else self.storage
@@ -511,7 +418,7 @@ class IcebergSink(BatchingSink):
             self.markers.delete(txn_id)
             self._staging.pop(txn_id, None)
         except Exception as exc:  # noqa: BLE001 - classified; abort is retried by the engine
-            raise _classify(exc, f"abort of {txn_id}") from exc
+            raise itx.classify(exc, f"abort of {txn_id}") from exc
 
     def recover(self) -> list[TxnManifest]:
         """The manifests of every marker of this connector (prepared, not yet committed or aborted).
@@ -523,7 +430,7 @@ class IcebergSink(BatchingSink):
         try:
             listed = self.markers.list()
         except Exception as exc:  # noqa: BLE001 - classified
-            raise _classify(exc, "recovery (listing markers)") from exc
+            raise itx.classify(exc, "recovery (listing markers)") from exc
         for txn_id, data in listed:
             if data is None:
                 continue  # committed or aborted while we listed

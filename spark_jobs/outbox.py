@@ -99,7 +99,6 @@ def project(df: DataFrame, outboxes: Sequence[Outbox], default_key: str | None) 
         _require(df, key, "key")
         exprs.append(df[key].cast("string").alias(f"__eo_k{i}"))
         exprs.append(_value_expr(df, ob.value).alias(f"__eo_v{i}"))
-        when_col = None
         if ob.when is not None:
             _require(df, ob.when, "when")
             exprs.append(F.coalesce(df[ob.when].cast("boolean"), F.lit(False)).alias(f"__eo_w{i}"))

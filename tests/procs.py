@@ -21,8 +21,10 @@ class WorkerProcess:
 
     def __init__(self, stack, cluster: str, worker_id: str, log_dir: Path, *, fault: str | None = None,
                  session_timeout: float = 4.0, extra_env: dict[str, str] | None = None, metrics_port: int = 0,
-                 zookeeper: str | None = None) -> None:
+                 zookeeper: str | None = None, rest_port: int = 0, extra_args: list[str] | None = None) -> None:
         self.worker_id = worker_id
+        self.rest_port = rest_port
+        self.url = f"http://127.0.0.1:{rest_port}"
         self.log_path = log_dir / f"{worker_id}.log"
         env = {**os.environ, "EOSINK_LOG_FORMAT": "json", "EOSINK_PG_DSN": stack.postgres_dsn, **(extra_env or {})}
         env.pop("EOSINK_FAULT", None)
@@ -32,7 +34,8 @@ class WorkerProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "worker.cli", "worker", "--bootstrap-servers", stack.kafka_bootstrap,
              "--zookeeper", zookeeper or stack.zookeeper_hosts, "--cluster", cluster, "--worker-id", worker_id,
-             "--session-timeout", str(session_timeout), "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1"],
+             "--session-timeout", str(session_timeout), "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1",
+             "--rest-port", str(rest_port), "--rest-host", "127.0.0.1", *(extra_args or [])],
             cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
         )
 

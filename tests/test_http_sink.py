@@ -25,7 +25,10 @@ from connectors.config import MASK
 from connectors.errors import ConfigError, FatalError, FencedError, RecordError, RetryableError
 from connectors.http import HttpSink
 from connectors.http_reference_server import Store
-from connectors.records import PartitionRange, SinkRecord, TxnManifest
+from connectors.records import PartitionRange, SinkRecord, TopicPartition, TxnManifest
+from tests.fakes import ListSource
+from worker.decision import MemoryDecisionLog
+from worker.task import CycleOutcome, SinkTask, TaskSettings, TaskState
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -323,6 +326,31 @@ def test_server_crash_mid_log_append_leaves_txn_prepared_and_the_retry_commits_i
         assert [m.txn_id for m in sink.recover()] == [f"{unique}.w.1.2"]
         sink.commit(f"{unique}.w.1.2")
         assert srv.visible(unique) == [{"n": 1}, {"n": 2}]
+    finally:
+        srv.kill()
+
+
+def test_engine_commit_failing_after_the_decision_is_committed_once_by_the_restarted_tasks_recovery(
+        tmp_path, make_sink, unique):
+    srv = ServerProc(tmp_path).start()
+    try:
+        tps = [TopicPartition("orders", 0), TopicPartition("orders", 1)]
+        data = {tp: [json.dumps({"p": tp.partition, "i": i}).encode() for i in range(20)] for tp in tps}
+        log = MemoryDecisionLog()
+        settings = TaskSettings(commit_interval_s=0, commit_retries=1)
+        sink = make_sink(srv.url, unique, _sleeps=[], **{"http.max.retries": 1})
+        task = SinkTask(unique, "w1", [sink], ListSource(data), log, settings, sleep=lambda _s: None)
+        task.open()
+        task.assign(tps)
+        sink.commit = lambda txn: (srv.kill(), HttpSink.commit(sink, txn))[1]  # the server dies at the commit
+        assert task.run_cycle().outcome is CycleOutcome.FATAL and task.state is TaskState.FAILED
+        srv.start()
+        assert srv.visible(unique) == []
+        heir = SinkTask(unique, "w2", [make_sink(srv.url, unique)], ListSource(data), log, settings, sleep=lambda _s: None)
+        heir.open()
+        heir.assign(tps)  # epoch bump, then recovery: the decision log names the txn -> commit
+        assert heir.run_cycle().outcome is CycleOutcome.EMPTY and heir.unresolved == {}
+        assert sorted((v["p"], v["i"]) for v in srv.visible(unique)) == [(p, i) for p in (0, 1) for i in range(20)]
     finally:
         srv.kill()
 

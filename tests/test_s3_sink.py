@@ -20,9 +20,12 @@ from botocore.stub import Stubber
 from connectors import s3 as s3mod
 from connectors.config import MASK
 from connectors.errors import ConfigError, FatalError, FencedError, RecordError, RetryableError
-from connectors.records import PartitionRange, SinkRecord, TxnManifest
+from connectors.records import PartitionRange, SinkRecord, TopicPartition, TxnManifest
 from connectors.s3 import S3Sink
+from tests.fakes import ListSource
+from worker.decision import MemoryDecisionLog
 from worker.stack import Endpoints
+from worker.task import CycleOutcome, SinkTask, TaskSettings, TaskState
 
 MakeSink = Callable[..., S3Sink]
 
@@ -224,6 +227,31 @@ def test_recover_skips_a_prepare_that_died_before_its_manifest_and_collects_it_w
     monkeypatch.setattr(s3mod, "ORPHAN_AGE_S", -1.0)
     assert sink.recover() == []
     assert keys(client, bucket, "__pending__/") == []
+
+
+def test_engine_commit_failing_after_the_decision_is_committed_once_by_the_restarted_tasks_recovery(
+        make_sink, client, bucket, unique, monkeypatch):
+    tps = [TopicPartition("orders", 0), TopicPartition("orders", 1)]
+    data = {tp: [json.dumps({"p": tp.partition, "i": i}).encode() for i in range(20)] for tp in tps}
+    log = MemoryDecisionLog()
+    settings = TaskSettings(commit_interval_s=0, commit_retries=1)
+    sink = make_sink()
+
+    def unreachable(txn: str) -> None:
+        raise RetryableError("S3 unreachable")
+
+    monkeypatch.setattr(sink, "commit", unreachable)
+    task = SinkTask(unique, "w1", [sink], ListSource(data), log, settings, sleep=lambda _s: None)
+    task.open()
+    task.assign(tps)
+    assert task.run_cycle().outcome is CycleOutcome.FATAL and task.state is TaskState.FAILED
+    assert visible(client, bucket, unique) == {}
+    heir = SinkTask(unique, "w2", [make_sink()], ListSource(data), log, settings, sleep=lambda _s: None)
+    heir.open()
+    heir.assign(tps)  # epoch bump, then recovery: the decision log names the txn -> commit
+    assert heir.run_cycle().outcome is CycleOutcome.EMPTY and heir.unresolved == {}
+    lines = [json.loads(x) for body in visible(client, bucket, unique).values() for x in body.splitlines()]
+    assert sorted((v["p"], v["i"]) for v in lines) == [(p, i) for p in (0, 1) for i in range(20)]
 
 
 # -- the epoch fence ----------------------------------------------------------------------------

@@ -311,8 +311,8 @@ SPECULATION_DRIVER = textwrap.dedent(
         "spark.executor.memory": "512m", "spark.cores.max": "4"})
     spark.sparkContext.setLogLevel("ERROR")
     # partition 0 stalls mid-transaction, partition 1 stalls after its commit; nothing fails
-    slow = Hooks((SleepAt("after_first_batch", 8, partitions=frozenset({0})),
-                  SleepAt("after_commit", 8, partitions=frozenset({1}))))
+    slow = Hooks((SleepAt("after_first_batch", 6, partitions=frozenset({0})),
+                  SleepAt("after_commit", 6, partitions=frozenset({1}))))
     res = publish_outbox(
         orders_frame(spark, 400, 4),
         [Outbox(orders_topic, key="order_id", value=ORDER_COLUMNS), Outbox(events_topic, key="order_id", value="event")],

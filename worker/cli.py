@@ -2,8 +2,8 @@
 
     eosink stack up|down|status         the local stack (Kafka, ZooKeeper, PostgreSQL, S3)
     eosink worker [options]             run a worker (flags or EOSINK_* environment variables)
-    eosink connectors apply FILE...     register / update connectors from JSON files
-    eosink connectors list|delete NAME
+    eosink connectors apply FILE...     register / update connectors through a worker's REST API
+    eosink connectors list|status|pause|resume|stop|restart|delete|offsets|transactions ...
     eosink spark run JOB [--run-id ..]  run a Spark outbox job
     eosink demo                         the end-to-end demo
 
@@ -44,6 +44,37 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default=os.environ.get("EOSINK_CLUSTER", "default"), help="cluster name (EOSINK_CLUSTER)")
 
 
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise EosinkError(f"{name}={raw!r} is not an integer", component="cli") from None
+
+
+#: Kafka client settings a worker passes through to every consumer, producer and admin client.
+KAFKA_PREFIXES = ("security.", "sasl.", "ssl.")
+
+
+def kafka_settings(flags: list[str], environ: dict[str, str] | None = None) -> dict[str, str]:
+    """``--kafka-property KEY=VALUE`` flags over ``EOSINK_KAFKA_<KEY>`` variables (``EOSINK_KAFKA_SASL_USERNAME``
+    -> ``sasl.username``); only security settings come from the environment (``security.*``, ``sasl.*``, ``ssl.*``)."""
+    out: dict[str, str] = {}
+    for k, v in (environ if environ is not None else os.environ).items():
+        if k.startswith("EOSINK_KAFKA_") and v != "":
+            key = k[len("EOSINK_KAFKA_"):].lower().replace("_", ".")
+            if key.startswith(KAFKA_PREFIXES):
+                out[key] = v
+    for flag in flags:
+        key, sep, value = flag.partition("=")
+        if not sep or not key.strip():
+            raise EosinkError(f"--kafka-property {flag!r}: expected KEY=VALUE", component="cli")
+        out[key.strip()] = value
+    return out
+
+
 def _require(value: str, what: str, flag: str, env: str) -> str:
     if not value:
         raise EosinkError(f"no {what}: pass {flag} or set {env} (or start the local stack: eosink stack up)", component="cli")
@@ -51,17 +82,34 @@ def _require(value: str, what: str, flag: str, env: str) -> str:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from worker.logging import configure
+    from worker.logging import configure, get_logger, register_secret
+    from worker.rest.auth import RestAuth
     from worker.runner import Worker, WorkerOptions
 
-    configure()
+    configure(args.log_level)
+    kafka = kafka_settings(args.kafka_property)
+    auth = RestAuth.from_settings(args.rest_basic_auth, args.rest_token)
+    for key, value in kafka.items():
+        if any(w in key for w in ("password", "secret", "jaas")):
+            register_secret(value)
+    for secret in (args.rest_token, (args.rest_basic_auth or "").partition(":")[2]):
+        register_secret(secret or "")
     opts = WorkerOptions(
         bootstrap=_require(args.bootstrap_servers, "Kafka bootstrap servers", "--bootstrap-servers", "EOSINK_BOOTSTRAP_SERVERS"),
         zookeeper=_require(args.zookeeper, "ZooKeeper hosts", "--zookeeper", "EOSINK_ZOOKEEPER"),
         cluster=args.cluster,
         worker_id=args.worker_id,
         session_timeout_s=args.session_timeout,
+        rest_host=args.rest_host,
+        rest_port=args.rest_port,
+        rest_advertised_url=args.rest_advertised_url,
+        rest_auth=auth,
+        kafka=kafka,
     )
+    get_logger("worker.cli").info("worker_configuring", cluster=opts.cluster, bootstrap=opts.bootstrap, zookeeper=opts.zookeeper,
+                                  rest=f"{opts.rest_host}:{opts.rest_port}" if opts.rest_port else "off",
+                                  rest_auth=("basic" if auth and auth.basic else "") + ("+token" if auth and auth.token else ""),
+                                  kafka_settings=sorted(kafka))
     if args.metrics_port:
         from prometheus_client import start_http_server
 
@@ -71,31 +119,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     worker = Worker(opts)
     worker.run(stop)
-    return 0
-
-
-def cmd_connectors(args: argparse.Namespace) -> int:
-    from worker.config import load_connector_file
-    from worker.runner import ConnectorStore
-    from worker.zk import ZkSession
-
-    session = ZkSession(_require(args.zookeeper, "ZooKeeper hosts", "--zookeeper", "EOSINK_ZOOKEEPER"), args.cluster).start()
-    try:
-        store = ConnectorStore(session)
-        if args.action == "apply":
-            configs = [load_connector_file(f, resolve=False) for f in args.files]  # validate all before writing any
-            for cfg in configs:
-                created = store.put(cfg.name, cfg.raw)
-                print(f"{'created' if created else 'updated'} connector {cfg.name}")
-        elif args.action == "list":
-            for name in store.names():
-                print(name)
-        elif args.action == "delete":
-            if not store.delete(args.name):
-                raise EosinkError(f"connector {args.name!r} not found", component="cli")
-            print(f"deleted connector {args.name}")
-    finally:
-        session.stop()
     return 0
 
 
@@ -115,17 +138,24 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--metrics-port", type=int, default=int(os.environ.get("EOSINK_METRICS_PORT", "0")),
                    help="serve Prometheus /metrics on this port; 0 = off (EOSINK_METRICS_PORT)")
     w.add_argument("--metrics-host", default=os.environ.get("EOSINK_METRICS_HOST", "0.0.0.0"), help="(EOSINK_METRICS_HOST)")
+    w.add_argument("--rest-host", default=os.environ.get("EOSINK_REST_HOST", "0.0.0.0"), help="REST API address (EOSINK_REST_HOST)")
+    w.add_argument("--rest-port", type=int, default=_env_int("EOSINK_REST_PORT", 8083),
+                   help="REST API port, also serving /metrics, /health, /ready; 0 = off (EOSINK_REST_PORT, default 8083)")
+    w.add_argument("--rest-advertised-url", default=os.environ.get("EOSINK_REST_ADVERTISED_URL", ""),
+                   help="URL other workers and tools reach this worker at (EOSINK_REST_ADVERTISED_URL)")
+    w.add_argument("--rest-basic-auth", default=os.environ.get("EOSINK_REST_BASIC_AUTH") or None, metavar="USER:PASSWORD",
+                   help="require HTTP basic auth on the REST API (EOSINK_REST_BASIC_AUTH)")
+    w.add_argument("--rest-token", default=os.environ.get("EOSINK_REST_TOKEN") or None,
+                   help="require this bearer token on the REST API (EOSINK_REST_TOKEN)")
+    w.add_argument("--kafka-property", action="append", default=[], metavar="KEY=VALUE",
+                   help="Kafka client setting for every consumer/producer/admin, e.g. security.protocol=SASL_SSL "
+                        "(also EOSINK_KAFKA_SECURITY_PROTOCOL, EOSINK_KAFKA_SASL_USERNAME, EOSINK_KAFKA_SSL_CA_LOCATION, ...)")
+    w.add_argument("--log-level", default=os.environ.get("EOSINK_LOG_LEVEL", "INFO"), help="(EOSINK_LOG_LEVEL)")
     w.set_defaults(func=cmd_worker)
 
-    c = sub.add_parser("connectors", help="register and manage connectors")
-    _cluster_args(c)
-    csub = c.add_subparsers(dest="action", required=True)
-    a = csub.add_parser("apply", help="create or update connectors from JSON files")
-    a.add_argument("files", nargs="+")
-    csub.add_parser("list")
-    d = csub.add_parser("delete")
-    d.add_argument("name")
-    c.set_defaults(func=cmd_connectors)
+    from worker.cli_connectors import add_parser
+
+    add_parser(sub)
     return p
 
 

@@ -156,8 +156,10 @@ class ConnectorConfig:
         for spec in self.sinks:
             prefix = "" if spec.alias == "" else f"sinks.{spec.alias}."
             secret |= {prefix + k for k in spec.cls.CONFIG.passwords()}
-        # Kafka client passthroughs are untyped: hide their credentials by name (sasl.password, ...).
-        secret |= {k for k in self.raw if k.startswith("consumer.override.") and _looks_secret(k)}
+        # Untyped keys - Kafka client passthroughs (consumer.override.sasl.password) and keys no
+        # definition declares - are hidden by name when they look like credentials.
+        declared = set(COMMON.keys) | {("" if s.alias == "" else f"sinks.{s.alias}.") + k for s in self.sinks for k in s.cls.CONFIG.keys}
+        secret |= {k for k in self.raw if k not in declared and _looks_secret(k)}
         return {k: (MASK if k in secret and v not in (None, "") else v) for k, v in self.raw.items()}
 
 

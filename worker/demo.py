@@ -2,8 +2,9 @@
 
 Each run starts clean (topic, table, decision log and output of the demo connector are reset),
 publishes a deterministic set of orders from a PySpark job in one Kafka transaction per task,
-also publishes one transaction that it aborts, registers ``configs/demo-orders.json``, runs a
-worker process until everything is delivered, and counts from PostgreSQL itself.
+also publishes one transaction that it aborts, starts a worker process, registers
+``configs/demo-orders.json`` through the worker's REST API (``eosink connectors --url ... apply``),
+waits until everything is delivered, and counts from PostgreSQL itself.
 """
 
 from __future__ import annotations
@@ -111,20 +112,25 @@ def main(argv: list[str] | None = None) -> int:
     _publish_aborted(ep.kafka_bootstrap, 1000)
     _step("published 1000 more records in a Kafka transaction that was aborted")
 
-    _step(f"registering {CONFIG.relative_to(Path.cwd()) if CONFIG.is_relative_to(Path.cwd()) else CONFIG}")
-    from worker.cli import main as cli_main
-
-    if cli_main(["connectors", "apply", str(CONFIG)]) != 0:
-        raise EosinkError("registering the demo connector failed", component="demo")
-
     log_path = home / "logs" / "demo-worker.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    _step(f"running a worker until everything is delivered (log: {log_path})")
+    port = int(os.environ.get("EOSINK_REST_PORT") or _free_port())
+    url = f"http://127.0.0.1:{port}"
+    _step(f"starting a worker with its REST API on {url} (log: {log_path})")
     t_worker = time.monotonic()
     with open(log_path, "w") as logf:
-        worker = subprocess.Popen([sys.executable, "-m", "worker.cli", "worker", "--worker-id", "demo-worker"],
+        worker = subprocess.Popen([sys.executable, "-m", "worker.cli", "worker", "--worker-id", "demo-worker",
+                                   "--rest-host", "127.0.0.1", "--rest-port", str(port)],
                                   stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, "EOSINK_LOG_FORMAT": "json"})
     try:
+        _wait_ready(url, worker, log_path)
+        shown = CONFIG.relative_to(Path.cwd()) if CONFIG.is_relative_to(Path.cwd()) else CONFIG
+        _step(f"registering {shown} through the REST API: eosink connectors --url {url} apply {shown}")
+        from worker.cli import main as cli_main
+
+        if cli_main(["connectors", "--url", url, "apply", str(CONFIG)]) != 0:
+            raise EosinkError("registering the demo connector failed", component="demo")
+        _step("waiting until everything is delivered")
         counts = _wait_delivered(ep.postgres_dsn, args.orders, args.timeout, worker, log_path)
     finally:
         worker.send_signal(signal.SIGTERM)
@@ -147,6 +153,33 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  total demo time               : {time.monotonic() - t0:.1f} s")
     print("RESULT:", "OK - exactly once" if ok else "FAILED")
     return 0 if ok else 1
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ready(url: str, worker: subprocess.Popen, log_path: Path, timeout: float = 60) -> None:
+    """Until the worker's ``/ready`` says it joined the cluster."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if worker.poll() is not None:
+            raise EosinkError(f"the worker exited with code {worker.returncode}", component="demo", log_file=str(log_path))
+        try:
+            with urllib.request.urlopen(f"{url}/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.3)
+    raise EosinkError(f"the worker was not ready within {timeout:.0f} s", component="demo", log_file=str(log_path))
 
 
 def _wait_delivered(dsn: str, expected: int, timeout: float, worker: subprocess.Popen, log_path: Path) -> dict[str, int]:

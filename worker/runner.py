@@ -165,6 +165,7 @@ class Worker:
         self._admin = None
         self._leader_node: str | None = None
         self._published: dict[str, bytes] = {}
+        self._wake = threading.Event()
         self._published_shape: dict[str, bytes] = {}  # the status without lag/delivered: a change is written at once
         self._published_at: dict[str, float] = {}
         #: Connectors this worker should run but cannot (invalid here, or failed to start): reported FAILED.
@@ -215,7 +216,8 @@ class Worker:
                 replication_factor=s["errors.deadletterqueue.topic.replication.factor"],
             )
         task = SinkTask(cfg.name, self.options.worker_id, cfg.create_sinks(), source,
-                        ZooKeeperDecisionLog(self.session, self.options.worker_id), settings, dead_letter=dead_letter)
+                        ZooKeeperDecisionLog(self.session, self.options.worker_id), settings, dead_letter=dead_letter,
+                        on_fenced=lambda _partitions: self._wake.set(), on_change=self._wake.set)
         try:
             task.open()
         except BaseException:
@@ -229,6 +231,7 @@ class Worker:
     def _stop(self, name: str) -> None:
         r = self.running.pop(name)
         r.stop.set()
+        r.task.interrupt()  # the cycle in flight commits what it has instead of waiting out its interval
         r.thread.join()
         r.task.close()
         log.info("connector_stopped", connector=name)
@@ -252,6 +255,17 @@ class Worker:
         if self._leader_node is None or not zk.exists(self._leader_node):
             self._leader_node = zk.create(f"{root}/leader/n_", self.options.worker_id.encode(), ephemeral=True, sequence=True,
                                           makepath=True)
+
+    def _watch(self) -> None:
+        """Watches that wake the reconcile loop at once: membership, leadership, connectors and this
+        worker's assignment. Polling (``poll_interval_s``) stays as the safety net."""
+        zk, root = self.session.client, self.session.root
+        for path in ("workers", "leader", "connectors", "assignments"):
+            zk.ensure_path(f"{root}/{path}")
+        wake = lambda *_args: self._wake.set()  # noqa: E731 - runs on kazoo's thread: only set a flag
+        for path in ("workers", "leader", "connectors"):
+            zk.ChildrenWatch(f"{root}/{path}", wake, send_event=True)
+        zk.DataWatch(f"{root}/assignments/{self.options.worker_id}", wake)
 
     def _is_leader(self) -> bool:
         children = sorted(self.session.client.get_children(f"{self.session.root}/leader"))
@@ -435,18 +449,23 @@ class Worker:
 
             self.rest = RestServer(self, self.options.rest_host, self.options.rest_port, self.options.rest_auth).start()
         self._register()
+        self._watch()  # once: kazoo's watch recipes re-arm themselves after reconnects
         self.registered = True
         log.info("worker_started", worker=self.options.worker_id, cluster=self.options.cluster, rest_url=self.rest_url)
         store = ConnectorStore(self.session)
         try:
             while not stop.is_set():
+                self._wake.clear()  # before reconciling: an event during it triggers another round
                 try:
                     self.reconcile(store)
                 except Exception as exc:  # noqa: BLE001 - ZooKeeper or Kafka briefly away: try again
                     self.registered = self.session.can_decide() and self.registered
                     log.warning("reconcile_failed", error=str(exc), error_class=type(exc).__name__)
                 self.last_tick = time.monotonic()
-                stop.wait(self.options.poll_interval_s)
+                deadline = time.monotonic() + self.options.poll_interval_s
+                while not stop.is_set() and time.monotonic() < deadline:
+                    if self._wake.wait(0.05):  # a watch fired: react now, not at the next poll
+                        break
         finally:
             self.registered = False
             for name in list(self.running):

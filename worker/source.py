@@ -186,6 +186,8 @@ class KafkaSource:
             raise FatalError(f"unknown value.converter {value_converter!r}; one of {', '.join(CONVERTERS)}") from None
         self.fetch_batch = fetch_batch
         self._pending: list[Any] = []
+        #: Set by the task to end the flush in progress early (stop requested, assignment changed).
+        self.interrupt = threading.Event()
         self._assigned: list[TopicPartition] = []
 
     def assign(self, positions: Mapping[TopicPartition, int | None]) -> None:
@@ -219,9 +221,11 @@ class KafkaSource:
                 msgs, self._pending = self._pending, []
             else:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._assigned:
+                if remaining <= 0 or not self._assigned or self.interrupt.is_set():
                     break
-                msgs = self.consumer.consume(num_messages=min(self.fetch_batch, max_records - len(out)), timeout=remaining)
+                # Short slices, so a stop or a new assignment ends the flush within ~0.1 s.
+                msgs = self.consumer.consume(num_messages=min(self.fetch_batch, max_records - len(out)),
+                                             timeout=min(remaining, 0.1))
             for i, m in enumerate(msgs):
                 err = m.error()
                 if err is not None:

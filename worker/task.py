@@ -185,6 +185,7 @@ class SinkTask:
         *,
         sleep: Callable[[float], None] = time.sleep,
         on_fenced: Callable[[frozenset[TopicPartition]], None] | None = None,
+        on_change: Callable[[], None] | None = None,
         dead_letter: TwoPhaseCommitSink | None = None,
     ) -> None:
         self.connector = connector
@@ -205,6 +206,9 @@ class SinkTask:
         self.settings = settings or TaskSettings()
         self.sleep = sleep
         self.on_fenced = on_fenced
+        #: Called (from the task thread) when partitions or state change, so the worker publishes
+        #: the new status at once instead of at its next poll.
+        self.on_change = on_change
         self.state = TaskState.UNASSIGNED
         self.trace: str | None = None
         self.grants: dict[TopicPartition, Grant] = {}
@@ -217,6 +221,7 @@ class SinkTask:
         self._lock = threading.RLock()
         self._desired: set[TopicPartition] | None = None
         self._lag_at = 0.0
+        self._resuming = False
         self._recovered_at = time.monotonic()
         self.logger = structlog.get_logger("worker.task").bind(connector=connector, worker=worker_id)
 
@@ -245,6 +250,8 @@ class SinkTask:
             traceback.format_exception(type(exc), exc, exc.__traceback__)
         )
         metrics.TASK_FAILED.labels(self.connector).set(1)
+        if self.on_change is not None:
+            self.on_change()
         self.logger.error("task_failed", error=str(exc), error_class=type(exc).__name__)
 
     def next_txn_id(self) -> str:
@@ -273,6 +280,7 @@ class SinkTask:
             if new:
                 self.grants.update(self.log.acquire(self.connector, new))
                 self._generation = None  # a new generation for txns after every acquisition
+                self._resuming = True
                 self._unrecovered |= new
                 self.logger.info("partitions_acquired", partitions=sorted(str(tp) for tp in new),
                                  epochs={str(tp): self.grants[tp].epoch for tp in new})
@@ -375,7 +383,10 @@ class SinkTask:
         try:
             for sink in self.sinks:
                 sink.begin_transaction(txn_id)
-            batch = self.source.poll_batch(s.max_records, s.max_bytes, s.commit_interval_s)
+            # Right after a handoff, flush what is there at once: the new owner resumes promptly.
+            flush_s = min(s.commit_interval_s, 0.1) if self._resuming else s.commit_interval_s
+            self._resuming = False
+            batch = self.source.poll_batch(s.max_records, s.max_bytes, flush_s)
             FAULTS.hit("flush")
             records, failed = self._split(batch)
             if not records and not failed:
@@ -595,17 +606,32 @@ class SinkTask:
 
     # ------------------------------------------------------------------ loop
     def request_assignment(self, partitions: Iterable[TopicPartition]) -> None:
-        """Thread-safe: the task thread applies it before its next cycle (the consumer is not thread-safe)."""
-        self._desired = set(partitions)
+        """Thread-safe: the task thread applies it right after the flush in progress, which it
+        cuts short (the consumer is not thread-safe, so only the task thread touches it)."""
+        wanted = set(partitions)
+        if wanted != set(self.grants) or self._desired is not None:
+            self._desired = wanted
+            self.interrupt()
+
+    def interrupt(self) -> None:
+        """End the flush in progress early: the cycle commits what it has (stop, handoff)."""
+        wake = getattr(self.source, "interrupt", None)
+        if wake is not None:
+            wake.set()
 
     def run(self, stop: threading.Event) -> None:
         """Cycle until ``stop`` is set; the cycle in flight completes first (graceful SIGTERM)."""
         structlog.contextvars.bind_contextvars(connector=self.connector)
+        wake = getattr(self.source, "interrupt", None)
         while not stop.is_set():
+            if wake is not None:
+                wake.clear()
             try:
                 desired, self._desired = self._desired, None
                 if desired is not None and self.state is not TaskState.FAILED:
                     self.assign(desired)
+                    if self.on_change is not None:
+                        self.on_change()
                 result = self.run_cycle()
             except Exception as exc:  # noqa: BLE001 - a bug or an unexpected failure: fail loudly
                 self._fail(exc)

@@ -11,7 +11,6 @@ from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 from connectors.errors import ConfigError, EosinkError
 
@@ -93,8 +92,3 @@ def main(module: ModuleType, argv: list[str] | None = None, prog: str | None = N
     print(json.dumps(result, indent=2, sort_keys=True, default=str))
     return 0
 
-
-def result_dict(result: Any, **extra: Any) -> dict[str, Any]:
-    d = result.as_dict()
-    d.update(extra)
-    return d

@@ -46,11 +46,13 @@ class ZooKeeper(Component):
         return proc.spawn(argv, self.log_path, cwd=self.data_dir)
 
     def _config(self) -> str:
-        # minSessionTimeout=2000 lets tests use 2 s sessions to see expiry quickly; the 4lw
-        # whitelist enables the `ruok` readiness probe; the admin server would take port 8080.
+        # tickTime=500: sessions are expired in buckets of one tick, so a dead worker's partitions
+        # move within ~0.5 s of its session timeout (with 2000 it was up to 2 s later);
+        # minSessionTimeout=1000 lets tests use short sessions. The 4lw whitelist enables the
+        # `ruok`/`srvr` readiness probes; the admin server would take port 8080.
         return "\n".join([
-            "tickTime=2000",
-            "minSessionTimeout=2000",
+            "tickTime=500",
+            "minSessionTimeout=1000",
             "maxSessionTimeout=60000",
             f"dataDir={self.data_dir / 'data'}",
             f"clientPortAddress={HOST}",
