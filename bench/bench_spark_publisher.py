@@ -12,8 +12,9 @@ Paths, each publishing every row of one cached DataFrame (~200-byte JSON values)
 
 Every path does its own JSON encoding (``to_json`` in the JVM) inside the timed region; producer
 settings are the publisher's defaults for all three (acks=all, idempotence, linger 20 ms, 1 MB
-batches, lz4). Each path runs ``--repeat`` times, interleaved; the best run counts (the machine is
-shared with the broker, so the best run is the least disturbed one). Prints a table and the ratios
+batches, lz4). Each path runs ``--repeat`` times, interleaved; best and median are printed and the targets are
+judged on the best runs (the machine is shared with the broker and whatever else runs, so the
+best run is the least disturbed one; the median shows how noisy it was). Prints a table and the ratios
 against the targets (eosink >= 80% of plain, >= 70% of spark).
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 import uuid
@@ -175,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         warm = make_frame(spark, 20_000, args.partitions)
         for name, fn in PATHS.items():  # warm-up: Python workers, JIT, producer connections
             fn(spark, warm, bootstrap, f"{prefix}_{name}_{args.repeat}")
-        best: dict[str, float] = {}
+        rates: dict[str, list[float]] = {name: [] for name in PATHS}
         for r in range(args.repeat):
             for name, fn in PATHS.items():
                 t0 = time.perf_counter()
@@ -183,16 +185,20 @@ def main(argv: list[str] | None = None) -> int:
                 dt = time.perf_counter() - t0
                 assert n == args.rows, f"{name} published {n} of {args.rows}"
                 rate = n / dt
-                best[name] = max(best.get(name, 0.0), rate)
+                rates[name].append(rate)
                 print(f"  round {r + 1} {name:7} {dt:7.2f} s {rate:12,.0f} rec/s", flush=True)
+        best = {name: max(r) for name, r in rates.items()}
+        median = {name: statistics.median(r) for name, r in rates.items()}
         print()
-        print(f"{'path':8} {'guarantee':14} {'best rec/s':>12} {'eosink / path':>14}")
+        print(f"{'path':8} {'guarantee':14} {'best rec/s':>12} {'median rec/s':>13} {'eosink/path best':>17} {'median':>7}")
         for name in PATHS:
-            ratio = best["eosink"] / best[name]
-            print(f"{name:8} {GUARANTEE[name]:14} {best[name]:12,.0f} {ratio:13.0%}")
+            print(
+                f"{name:8} {GUARANTEE[name]:14} {best[name]:12,.0f} {median[name]:13,.0f} "
+                f"{best['eosink'] / best[name]:17.0%} {median['eosink'] / median[name]:7.0%}"
+            )
         plain_ok = best["eosink"] / best["plain"] >= 0.80
         spark_ok = best["eosink"] / best["spark"] >= 0.70
-        print(f"\ntargets: eosink >= 80% of plain: {'met' if plain_ok else 'NOT met'}; "
+        print(f"\ntargets (best runs): eosink >= 80% of plain: {'met' if plain_ok else 'NOT met'}; "
               f">= 70% of Spark's sink: {'met' if spark_ok else 'NOT met'}")
     finally:
         for f in admin.delete_topics(topics).values():

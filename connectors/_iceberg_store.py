@@ -109,16 +109,20 @@ class Storage:
         return [base + info.path[len(root):] for info in infos if info.type == pafs.FileType.File]
 
     def delete_tree(self, dir_uri: str) -> int:
-        """Delete every file under ``dir_uri`` (and the directory); the number of files deleted."""
+        """Delete everything under ``dir_uri`` and the directory itself; the number of files deleted.
+
+        One ``delete_dir`` rather than a delete per file: on S3 pyarrow re-creates an empty
+        "directory" object when the last file under a prefix goes, which would litter one per abort.
+        """
         files = self.list(dir_uri, recursive=True)
-        for f in files:
-            self.delete(f)
-        local = _local_path(dir_uri)
-        if local is not None:
-            for root, dirs, _ in os.walk(local, topdown=False):
-                for d in dirs:
-                    _rmdir(os.path.join(root, d))
-            _rmdir(local)
+        fs, path = self._fs(dir_uri)
+        try:
+            fs.delete_dir(path.rstrip("/"))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if "does not exist" not in str(exc) and "not found" not in str(exc).lower():
+                raise
         return len(files)
 
     def sync_files(self, uris: list[str]) -> None:
@@ -146,13 +150,6 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _rmdir(path: str) -> None:
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass  # not empty (a concurrent writer) or already gone
 
 
 class Markers:

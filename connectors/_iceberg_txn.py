@@ -126,11 +126,12 @@ def is_committed(connector: str, table: Table, txn_id: str) -> bool:
     return any(k.startswith(prefix) and json.loads(v).get("txn") == txn_id for k, v in table.metadata.properties.items())
 
 
-def append(connector: str, table: Table, txn_id: str, ranges: Sequence[PartitionRange], files: Sequence[DataFile]) -> None:
+def append(connector: str, table: Table, txn_id: str, ranges: Sequence[PartitionRange], files: Sequence[DataFile]) -> Table:
     """One metadata commit: the files as a fast-append snapshot + the fence state, with 0 retries.
 
     Raises pyiceberg's CommitFailedException when another writer committed since ``table`` was
     read; the caller re-reads and decides again (fence, proof of commit) before another try.
+    Returns the table as committed.
     """
     tps = {f"{r.topic}-{r.partition}": r for r in ranges}
     summary = {
@@ -150,4 +151,4 @@ def append(connector: str, table: Table, txn_id: str, ranges: Sequence[Partition
     with tx.update_snapshot(snapshot_properties=summary).fast_append() as fast:
         for df in files:
             fast.append_data_file(df)
-    tx.commit_transaction()
+    return tx.commit_transaction()

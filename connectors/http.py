@@ -199,10 +199,10 @@ class HttpSink(BatchingSink):
         c = self.config
         retries = int(c["http.max.retries"])
         delay, cap = c["http.retry.backoff.ms"] / 1000, c["http.retry.backoff.max.ms"] / 1000
-        last = ""
+        last, wait = "", 0.0
         for attempt in range(retries + 1):
             if attempt:
-                self._sleep(wait)
+                self._sleep(wait)  # set by the previous attempt: its backoff, or the server's Retry-After
                 delay = min(cap, delay * 2)
             wait = random.uniform(delay / 2, delay)
             self.attempts += 1

@@ -52,7 +52,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.io.pyarrow import _dataframe_to_data_files, parquet_files_to_data_files
 from pyiceberg.manifest import DataFile
@@ -62,6 +61,7 @@ from pyiceberg.table.locations import load_location_provider
 from connectors import _iceberg_arrow as ia
 from connectors import _iceberg_txn as itx
 from connectors._iceberg_store import Markers, Storage, txn_key
+from connectors._iceberg_tables import Tables
 from connectors._iceberg_txn import (
     SUMMARY_CONNECTOR,
     SUMMARY_EPOCHS,
@@ -82,6 +82,8 @@ CATALOG_PROPS_PREFIX = "iceberg.catalog.properties."
 TABLE_PROPS_PREFIX = "iceberg.table.properties."
 _S3_KEYS = ("s3.endpoint", "s3.access-key-id", "s3.secret-access-key", "s3.region")
 _REMEMBER_COMMITTED = 1024
+#: Below this cycle length the sink warns about small files (the engine's default is 1000 ms).
+SMALL_FILES_INTERVAL_MS = 10_000
 
 
 @dataclass(slots=True)
@@ -92,7 +94,8 @@ class CycleTimings:
     convert_ms: float = 0.0
     write_ms: float = 0.0
     marker_ms: float = 0.0
-    commit_ms: float = 0.0
+    commit_ms: float = 0.0  # all of commit()
+    append_ms: float = 0.0  # of which Iceberg's own snapshot commit (what a plain append pays too)
     rows: int = 0
     files: int = 0
 
@@ -156,7 +159,11 @@ class IcebergSink(BatchingSink):
         io_props = {k: str(c[k]) for k in _S3_KEYS if c.get(k)}
         io_props |= {k: str(v) for k, v in c.items() if k.startswith("s3.") and k not in io_props and v not in (None, "")}
         io_props |= {k[len(CATALOG_PROPS_PREFIX):]: str(v) for k, v in c.items() if k.startswith(CATALOG_PROPS_PREFIX)}
-        self.catalog_props: dict[str, str] = {"type": c["iceberg.catalog.type"], "uri": c["iceberg.catalog.uri"], **io_props}
+        self.catalog_props: dict[str, str] = {"type": c["iceberg.catalog.type"], "uri": c["iceberg.catalog.uri"]}
+        if c["iceberg.catalog.type"] == "sql":
+            # A pooled connection dead after a database restart would fail one whole cycle: ping first.
+            self.catalog_props["pool_pre_ping"] = "true"
+        self.catalog_props |= io_props
         if warehouse:
             self.catalog_props["warehouse"] = warehouse
         for key, prop in (("iceberg.catalog.credential", "credential"), ("iceberg.catalog.token", "token")):
@@ -168,75 +175,40 @@ class IcebergSink(BatchingSink):
         self.markers = Markers(self.storage, pending, connector)
         #: Tells this sink's markers from a sibling's in a fanout connector writing to the same place.
         self._fingerprint = hashlib.sha1(json.dumps([c["iceberg.catalog.uri"], c["iceberg.catalog.name"], self.template]).encode()).hexdigest()[:12]
-        self._catalog: Catalog | None = None
+        self.tables = Tables(c["iceberg.catalog.name"], self.catalog_props, auto_create=bool(c["auto.create"]),
+                             auto_evolve=bool(c["auto.evolve"]), kafka=self.kafka, partition_fields=c["iceberg.partition.fields"],
+                             table_props=self.table_props, attempts=self.attempts)
         self._prepared: dict[str, Prepared] = {}
         self._staging: dict[str, list[TableTxn]] = {}  # files being written: what abort must clean
         self._committed: OrderedDict[str, None] = OrderedDict()
-        self._known_tables: set[str] = set()
         self.timings = CycleTimings()
+        self._warn_small_files(config)
+
+    def _warn_small_files(self, config: Mapping[str, Any]) -> None:
+        """Every cycle is one snapshot and at least one file per table partition: a short cycle makes
+        small files and a metadata file that grows by a snapshot per second. Say so at start."""
+        try:
+            interval = int(str(config.get("commit.interval.ms", 1000)).strip())
+        except ValueError:
+            return
+        if interval < SMALL_FILES_INTERVAL_MS:
+            log.warning("connector %s: commit.interval.ms=%d makes one Iceberg snapshot and at least one data file per table "
+                        "partition every cycle; for Iceberg use >= %d (e.g. 60000) with a large batch.max.records / "
+                        "batch.max.bytes, and compact regularly", self.connector, interval, SMALL_FILES_INTERVAL_MS)
 
     # -- catalog and tables -------------------------------------------------------------------
     def open(self) -> None:
         """Connect to the catalog (a SQL catalog creates its two tables if missing)."""
-        self._cat()
+        self.tables.catalog()
 
     def close(self) -> None:
         """Forget in-memory state; prepared txns stay on storage for :meth:`recover`."""
-        engine = getattr(self._catalog, "engine", None)
-        if engine is not None:
-            engine.dispose()
-        self._catalog = None
+        self.tables.close()
         self._prepared.clear()
-
-    def _cat(self) -> Catalog:
-        if self._catalog is None:
-            try:
-                self._catalog = load_catalog(self.config["iceberg.catalog.name"], **self.catalog_props)
-            except Exception as exc:  # noqa: BLE001 - classified
-                raise itx.classify(exc, f"connecting to the {self.catalog_props['type']} catalog") from exc
-        return self._catalog
 
     def table_name(self, topic: str) -> str:
         """The table identifier for ``topic`` (``${topic}`` with '.' and '-' as '_')."""
         return self.template.replace("${topic}", topic.replace(".", "_").replace("-", "_"))
-
-    def _load(self, ident: str) -> Table:
-        table = self._cat().load_table(ident)
-        self._known_tables.add(ident)
-        return table
-
-    def _ensure_table(self, ident: str, recs: list[SinkRecord], vals: list[dict[str, Any]]) -> tuple[Table, bool]:
-        """Load ``ident``, creating or evolving it for the batch; True when every field has a column."""
-        try:
-            table = self._load(ident)
-        except NoSuchTableError:
-            if not self.config["auto.create"]:
-                raise FatalError(f"table {ident} does not exist and auto.create is off", component=COMPONENT) from None
-            first = list(vals[0]) if vals else []
-            names = first + sorted(ia.field_names(vals) - set(first))
-            schema = ia.new_schema(ia.infer_fields(recs, vals, names), self.kafka)
-            spec = ia.partition_spec(self.config["iceberg.partition.fields"], schema)
-            cat = self._cat()
-            cat.create_namespace_if_not_exists(ident.rsplit(".", 1)[0])
-            table = cat.create_table_if_not_exists(ident, schema=schema, partition_spec=spec, properties=self.table_props)
-            self._known_tables.add(ident)
-            log.info("created Iceberg table %s at %s", ident, table.location())
-        if not self.config["auto.evolve"]:
-            return table, False
-        for _ in range(self.attempts):
-            new = sorted(ia.field_names(vals) - {f.name for f in table.schema().fields})
-            fields = ia.infer_fields(recs, vals, new)
-            if not fields:
-                return table, len(new) == 0
-            try:
-                with itx.no_retry(table).update_schema() as upd:
-                    for name, ftype in fields:
-                        upd.add_column(name, ftype)
-                log.info("added columns %s to %s", [n for n, _ in fields], ident)
-            except CommitFailedException:
-                pass  # someone else changed the table: re-read and look again
-            table = self._load(ident)
-        raise RetryableError(f"schema of {ident} kept changing while adding columns", component=COMPONENT)
 
     # -- prepare --------------------------------------------------------------------------------
     def prepare_batch(self, manifest: TxnManifest, records: list[SinkRecord]) -> None:
@@ -252,27 +224,30 @@ class IcebergSink(BatchingSink):
         txn = manifest.txn_id
         t0 = time.perf_counter()
         values = ia.check_values(records)
-        groups: dict[str, tuple[list[SinkRecord], list[dict[str, Any]]]] = {}
-        names: dict[str, str] = {}
-        for r, v in zip(records, values):
-            ident = names.get(r.topic) or names.setdefault(r.topic, self.table_name(r.topic))
-            g = groups.get(ident)
-            if g is None:
-                g = groups[ident] = ([], [])
-            g[0].append(r)
-            g[1].append(v)
+        idents = {t: self.table_name(t) for t in {r.topic for r in records}}
+        groups: dict[str, tuple[list[SinkRecord], list[dict[str, Any]], set[str]]] = {}
+        if len(set(idents.values())) <= 1:  # one table (the common case): no per-record grouping
+            for ident in set(idents.values()):
+                groups[ident] = (records, values, set(idents))
+        else:
+            for r, v in zip(records, values):
+                ident = idents[r.topic]
+                g = groups.get(ident)
+                if g is None:
+                    g = groups[ident] = ([], [], {t for t, i in idents.items() if i == ident})
+                g[0].append(r)
+                g[1].append(v)
         key = txn_key(self.connector, txn)
         plan = []
         load_ms = convert_ms = 0.0
         for ident in sorted(groups):
-            recs, vals = groups[ident]
+            recs, vals, topics = groups[ident]
             t1 = time.perf_counter()
-            table, complete = self._ensure_table(ident, recs, vals)
-            topics = {r.topic for r in recs}
+            table, complete = self.tables.ensure(ident, recs, vals)
             ranges = [r for r in manifest.ranges if r.topic in topics]
             itx.check_fence(self.connector, table, ranges, txn)
             t2 = time.perf_counter()
-            arrow = ia.to_arrow(table.schema(), recs, vals, self.kafka, unknown_ok=complete)
+            arrow = ia.to_arrow(table.schema(), recs, vals, self.kafka, unknown_ok=complete, topics=topics)
             convert_ms += (time.perf_counter() - t2) * 1000
             load_ms += (t2 - t1) * 1000
             data_path = load_location_provider(table.metadata.location, table.metadata.properties).data_path
@@ -316,6 +291,7 @@ class IcebergSink(BatchingSink):
     def commit(self, txn_id: str) -> None:
         """Append every table's prepared files in one snapshot each; already committed is ok."""
         t0 = time.perf_counter()
+        self.timings.append_ms = 0.0
         try:
             prepared = self._prepared.get(txn_id)
             if prepared is None:
@@ -346,14 +322,16 @@ class IcebergSink(BatchingSink):
         table, tt.loaded = tt.loaded, None
         for attempt in range(1, self.attempts + 1):
             if table is None:
-                table = self._load(tt.table)
+                table = self.tables.load(tt.table)
             if itx.is_committed(self.connector, table, txn):
                 return
             itx.check_fence(self.connector, table, ranges, txn)
             if tt.data_files is None or tt.spec_id != table.metadata.default_spec_id:
                 tt.data_files, tt.spec_id = self._data_files(table, tt, txn), table.metadata.default_spec_id
+            t0 = time.perf_counter()
             try:
-                itx.append(self.connector, table, txn, ranges, tt.data_files)
+                self.tables.remember(tt.table, itx.append(self.connector, table, txn, ranges, tt.data_files))
+                self.timings.append_ms += (time.perf_counter() - t0) * 1000
                 return
             except CommitFailedException as exc:
                 # Another writer committed first. Never re-apply on top blindly (that is what
@@ -375,12 +353,12 @@ class IcebergSink(BatchingSink):
 
     def _commit_without_marker(self, txn_id: str) -> None:
         """No marker: committed earlier (the marker goes last) - or aborted/never prepared, which is fatal."""
-        candidates = set(self._known_tables)
+        candidates = set(self.tables.known)
         if "${topic}" not in self.template:
             candidates.add(self.template)
         for ident in sorted(candidates):
             try:
-                if itx.is_committed(self.connector, self._load(ident), txn_id):
+                if itx.is_committed(self.connector, self.tables.load(ident), txn_id):
                     self._remember(txn_id)
                     return
             except NoSuchTableError:
@@ -406,7 +384,7 @@ class IcebergSink(BatchingSink):
                 tables = [TableTxn.from_doc(t) for t in doc["tables"]] if doc else []
             for tt in tables:
                 try:
-                    table: Table | None = self._load(tt.table)
+                    table: Table | None = self.tables.load(tt.table)
                 except (NoSuchTableError, NoSuchNamespaceError):
                     table = None
                 if table is not None and itx.is_committed(self.connector, table, txn_id):

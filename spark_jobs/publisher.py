@@ -14,6 +14,7 @@ the others published nothing; re-running with the *same* run id publishes exactl
 from __future__ import annotations
 
 import json
+import re
 import logging
 import time
 import uuid
@@ -166,16 +167,17 @@ def publish_outbox(
     )
     try:
         rows = map_in_arrow(projected, make_task_function(spec), SUMMARY_DDL).collect()
-    except Exception as e:  # noqa: BLE001 - re-raised as the task's own classified error when possible
+    except Exception as e:  # noqa: BLE001 - re-raised as a classified error, the task's own if it was ours
+        note = (
+            f" [publish of job '{job}' run '{run_id}' failed; partitions committed so far are in the ledger and "
+            "a re-run with the same run_id publishes only the missing ones]"
+        )
         original = from_task_failure(e)
-        if original is not None:
-            original.message += (
-                f" [job '{job}' run '{run_id}' failed; partitions committed so far are in the ledger and a "
-                "re-run with the same run_id publishes only the missing ones]"
-            )
-            original.args = (original.message,)
-            raise original from e
-        raise
+        if original is None:
+            raise PublishError(f"the Spark job failed: {_root_cause(e)}{note}") from e
+        original.message += note
+        original.args = (original.message,)
+        raise original from e
     results = [
         PartitionResult(r.partition, r.attempt, r.status, r.records, json.loads(r.topics), r.seconds, r.transactional_id)
         for r in rows
@@ -202,6 +204,20 @@ def publish_outbox(
         job, run_id, "published", len(published), n - len(published), sum(r.records for r in published), topics,
         run_records, time.monotonic() - started, results,
     )
+
+
+_CAUSE = re.compile(r"^\s*((?:[\w.]+\.)?\w*(?:Error|Exception|Fault)): (.+)$", re.MULTILINE)
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost ``SomeError: message`` line of a Spark failure (the Python task's, if any)."""
+    text = str(exc)
+    python_side = text.rfind("Traceback (most recent call last)")
+    matches = _CAUSE.findall(text[python_side:] if python_side >= 0 else text)
+    if matches:
+        name, message = matches[-1]
+        return f"{name}: {message.strip()}"
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
 
 
 def _sum_topics(maps: Any) -> dict[str, int]:
@@ -231,7 +247,9 @@ def _write_run_marker(
     Written outside any transaction after every partition committed; losing it only costs the
     shortcut (the tasks would each find their entry), so a failure here is logged, not raised.
     """
-    producer = Producer({**kafka_checks.client_config(conf), "acks": "all", "enable.idempotence": True})
+    # Not idempotent on purpose: an idempotent producer spends ~0.5 s acquiring a producer id
+    # before its first send, and a duplicated marker is harmless (same key, same value, compacted).
+    producer = Producer({**kafka_checks.client_config(conf), "acks": "all", "linger.ms": 0})
     try:
         producer.produce(
             topic,

@@ -69,6 +69,8 @@ def test_spark_outbox_to_postgres_exactly_once_and_aborted_txn_never_arrives(spa
         text = scraped()
         assert f'eosink_cycles_total{{connector="{connector}",outcome="succeeded"}}' in text
         assert "eosink_cycle_duration_seconds_bucket" in text and "eosink_prepared_unresolved" in text
+        lag = f'eosink_consumer_lag{{connector="{connector}",partition="0",topic="{topic}"}} 0.0'
+        wait_until(lambda: lag in scraped(), 30, "the consumer lag of partition 0 on /metrics, caught up")
     finally:
         assert worker.stop() == 0, worker.log_text()[-3000:]
 

@@ -99,6 +99,13 @@ class Target:
         """Every object/file under ``prefix`` (a URI)."""
         return self._list(prefix)
 
+    def drop(self) -> None:
+        """Forget the test's table in the shared catalog (its files go with the test's directory/prefix)."""
+        try:
+            self.reader.drop_table(self.config["iceberg.table"])
+        except Exception:  # noqa: BLE001 - the test may never have created it
+            pass
+
 
 @pytest.fixture(scope="session")
 def s3_client(stack):
@@ -129,23 +136,28 @@ def _fs_lister(uri: str) -> list[str]:
 
 
 @pytest.fixture(params=["file", "s3"])
-def target(request, stack, unique, tmp_path) -> Target:
+def target(request, stack, unique, tmp_path) -> Iterator[Target]:
     """A SQL catalog in the stack's PostgreSQL with the warehouse on the local disk or on S3."""
     base = {"iceberg.catalog.uri": sql_uri(stack.postgres_dsn), "iceberg.catalog.name": CATALOG,
             "iceberg.table": f"eosink_it.{unique}"}
     if request.param == "file":
-        return Target({**base, "iceberg.warehouse": f"file://{tmp_path}/warehouse"}, _fs_lister)
-    client = request.getfixturevalue("s3_client")
-    s3 = {"s3.endpoint": stack.s3["endpoint_url"], "s3.access-key-id": stack.s3["aws_access_key_id"],
-          "s3.secret-access-key": stack.s3["aws_secret_access_key"], "s3.region": stack.s3["region_name"]}
-    return Target({**base, **s3, "iceberg.warehouse": f"s3://{BUCKET}/{unique}"}, _s3_lister(client))
+        t = Target({**base, "iceberg.warehouse": f"file://{tmp_path}/warehouse"}, _fs_lister)
+    else:
+        client = request.getfixturevalue("s3_client")
+        s3 = {"s3.endpoint": stack.s3["endpoint_url"], "s3.access-key-id": stack.s3["aws_access_key_id"],
+              "s3.secret-access-key": stack.s3["aws_secret_access_key"], "s3.region": stack.s3["region_name"]}
+        t = Target({**base, **s3, "iceberg.warehouse": f"s3://{BUCKET}/{unique}"}, _s3_lister(client))
+    yield t
+    t.drop()
 
 
 @pytest.fixture
-def local(stack, unique, tmp_path) -> Target:
+def local(stack, unique, tmp_path) -> Iterator[Target]:
     """The local-disk variant only, for tests whose point is not the storage."""
-    return Target({"iceberg.catalog.uri": sql_uri(stack.postgres_dsn), "iceberg.catalog.name": CATALOG,
-                   "iceberg.table": f"eosink_it.{unique}", "iceberg.warehouse": f"file://{tmp_path}/warehouse"}, _fs_lister)
+    t = Target({"iceberg.catalog.uri": sql_uri(stack.postgres_dsn), "iceberg.catalog.name": CATALOG,
+                "iceberg.table": f"eosink_it.{unique}", "iceberg.warehouse": f"file://{tmp_path}/warehouse"}, _fs_lister)
+    yield t
+    t.drop()
 
 
 def data_files(target: Target, table: str) -> list[str]:
@@ -413,6 +425,41 @@ def test_new_fields_become_columns_and_old_rows_read_null(local: Target, unique:
     rows = local.rows(table)
     assert [r["coupon"] for r in rows] == [None, "X1", None, "X1"]
     assert {r["score"] for r in rows} == {None, 2.5, 1.0}
+
+
+def test_existing_table_with_richer_types_gets_strictly_converted_values(local: Target, unique: str) -> None:
+    """A table created by someone else (int, timestamptz, date, decimal, struct columns): strings are
+    parsed into them, numbers range-checked, and a value that does not parse is named."""
+    import datetime
+    import decimal
+
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import DateType, DecimalType, IntegerType, NestedField, StringType, StructType, TimestamptzType
+
+    table = local.config["iceberg.table"]
+    local.reader.create_namespace_if_not_exists("eosink_it")
+    local.reader.create_table(table, schema=Schema(
+        NestedField(1, "qty", IntegerType(), required=True),
+        NestedField(2, "at", TimestamptzType(), required=False),
+        NestedField(3, "day", DateType(), required=False),
+        NestedField(4, "price", DecimalType(10, 2), required=False),
+        NestedField(5, "buyer", StructType(NestedField(6, "name", StringType(), required=False)), required=False),
+    ))
+    sink = local.sink(unique, **{"fields.kafka": False, "auto.evolve": False})
+    good = records("orders", 2, value=lambda i: {"qty": i + 1, "at": "2024-05-01T12:00:00Z", "day": "2024-05-01", "price": "12.50",
+                                                   "buyer": {"name": f"b{i}"}})
+    sink.commit(prepare(sink, f"{unique}.w.1.1", good).txn_id)
+    row = local.reader.load_table(table).scan().to_arrow().to_pylist()[0]
+    assert row["at"] == datetime.datetime(2024, 5, 1, 12, 0, tzinfo=datetime.timezone.utc)
+    assert row["day"] == datetime.date(2024, 5, 1) and row["price"] == decimal.Decimal("12.50") and row["buyer"]["name"] in ("b0", "b1")
+
+    for field, bad_value, expected_offset in (("at", "yesterday", 11), ("qty", 2**40, 11), ("qty", None, 11)):
+        bad = records("orders", 4, first=10, value=lambda i: {"qty": 1, "at": "2024-05-01T12:00:00Z"})
+        bad[3].value = {**bad[3].value, field: bad_value}
+        with pytest.raises(RecordError) as e:
+            prepare(sink, f"{unique}.w.2.{field}", bad)
+        assert (e.value.partition, e.value.offset, e.value.column) == (1, expected_offset, field), str(e.value)
+    assert len(local.rows(table)) == 2
 
 
 def test_partition_spec_from_config_one_file_per_partition(local: Target, unique: str) -> None:

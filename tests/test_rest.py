@@ -127,6 +127,17 @@ def test_malformed_requests_are_400_not_500(worker):
     assert call(worker.url, "PUT", "/connectors/x/config", {"name": "y", "connector.class": "memory", "topics": "t"})[0] == 400
     assert call(worker.url, "POST", "/connectors", {"name": "x", "config": {"connector.class": "memory", "topics": "t"},
                                                     "initial_state": "SLEEPING"})[0] == 400
+    assert call(worker.url, "POST", "/connectors", {"name": "m", "config": {"connector.class": "memory", "topics": "t"},
+                                                    "initial_state": "STOPPED"})[0] == 201
+    status, body, _ = call(worker.url, "POST", "/connectors/m/restart?includeTasks=maybe")
+    assert status == 400 and "includeTasks" in body["message"]
+    assert call(worker.url, "GET", "/connectors/m/tasks/zero/status")[0] == 404
+    assert call(worker.url, "POST", "/connectors", raw=b"{" * 5000 + b"}" * 5000)[0] == 400, "deep nesting"
+    import socket
+
+    with socket.create_connection(("127.0.0.1", worker.rest_port), timeout=10) as sock:
+        sock.sendall(b"POST /connectors HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 413"), "an oversized body is refused before it is read"
 
 
 def test_every_connector_path_answers_404_for_an_unknown_connector(worker):
@@ -144,7 +155,7 @@ def test_every_connector_path_answers_404_for_an_unknown_connector(worker):
 # -- a delivering connector: status, tasks, topics, offsets, pause/resume, stop, delete ----------------------------
 def test_status_tasks_topics_and_offsets_of_a_delivering_connector_agree_with_postgres(worker, stack, make_topic, unique, pg):
     topic = make_topic(3)
-    name = "deliver"
+    name = unique  # connector names are unique per test: txn ids are unique only within a cluster
     assert call(worker.url, "POST", "/connectors", {"name": name, "config": _pg_config(stack, topic, unique)})[0] == 201
     produce(stack.kafka_bootstrap, topic, [(i % 3, json.dumps({"id": f"r{i}"}).encode()) for i in range(90)])
     wait_until(lambda: len(pg_ids(pg, unique)) >= 90, 60, "90 rows")
@@ -173,7 +184,7 @@ def test_status_tasks_topics_and_offsets_of_a_delivering_connector_agree_with_po
 
 def test_pause_keeps_the_partitions_and_stops_delivery_until_resume(worker, stack, make_topic, unique, pg):
     topic = make_topic(2)
-    name = "pausing"
+    name = unique  # connector names are unique per test: txn ids are unique only within a cluster
     call(worker.url, "POST", "/connectors", {"name": name, "config": _pg_config(stack, topic, unique)})
     produce(stack.kafka_bootstrap, topic, [(i % 2, json.dumps({"id": f"a{i}"}).encode()) for i in range(20)])
     wait_until(lambda: len(pg_ids(pg, unique)) == 20, 60, "first 20 rows")
@@ -182,7 +193,8 @@ def test_pause_keeps_the_partitions_and_stops_delivery_until_resume(worker, stac
     status = _wait_task_state(worker, name, "PAUSED")
     assert status["connector"]["state"] == "PAUSED"
     produce(stack.kafka_bootstrap, topic, [(i % 2, json.dumps({"id": f"b{i}"}).encode()) for i in range(20)])
-    time.sleep(3)
+    wait_until(lambda: sum(p["lag"] or 0 for p in _status(worker, name)["tasks"][0]["partitions"]) >= 20, 30,
+               "the lag of the paused task to show the new records")
     assert len(pg_ids(pg, unique)) == 20, "a paused connector delivered"
     assert call(worker.url, "PUT", f"/connectors/{name}/resume")[0] == 202
     wait_until(lambda: len(pg_ids(pg, unique)) == 40, 60, "delivery after resume")
@@ -192,7 +204,7 @@ def test_pause_keeps_the_partitions_and_stops_delivery_until_resume(worker, stac
 
 def test_offsets_change_only_while_stopped_and_a_rewind_redelivers_from_there(worker, stack, make_topic, unique, pg, zk):
     topic = make_topic(1)
-    name = "rewind"
+    name = unique  # connector names are unique per test: txn ids are unique only within a cluster
     call(worker.url, "POST", "/connectors", {"name": name, "config": _pg_config(stack, topic, unique)})
     produce(stack.kafka_bootstrap, topic, [(0, json.dumps({"id": f"r{i}"}).encode()) for i in range(30)])
     wait_until(lambda: len(pg_ids(pg, unique)) == 30, 60, "30 rows")
@@ -218,7 +230,9 @@ def test_offsets_change_only_while_stopped_and_a_rewind_redelivers_from_there(wo
     # the records at offsets 20..29 of the (transactional) topic are delivered again: exactly those, once more
     wait_until(lambda: len(pg_ids(pg, unique)) == 40, 60, "redelivery from offset 20")
     time.sleep(1)
-    again = sorted(r for r in pg_ids(pg, unique) if pg_ids(pg, unique).count(r) == 2)
+    counts = Counter(pg_ids(pg, unique))
+    again = sorted(r for r, n in counts.items() if n == 2)
+    assert set(counts.values()) == {1, 2}, counts
     assert again == sorted(f"r{i}" for i in range(20, 30)), again
     # reset: back to consumer.auto.offset.reset (earliest)
     call(worker.url, "PUT", f"/connectors/{name}/stop")
@@ -230,7 +244,7 @@ def test_offsets_change_only_while_stopped_and_a_rewind_redelivers_from_there(wo
 
 def test_delete_stops_the_tasks_and_a_recreated_connector_resumes_without_duplicates(worker, stack, make_topic, unique, pg):
     topic = make_topic(1)
-    name = "recreated"
+    name = unique  # connector names are unique per test: txn ids are unique only within a cluster
     config = _pg_config(stack, topic, unique)
     call(worker.url, "POST", "/connectors", {"name": name, "config": config})
     produce(stack.kafka_bootstrap, topic, [(0, json.dumps({"id": f"r{i}"}).encode()) for i in range(10)])
@@ -250,7 +264,7 @@ def test_delete_stops_the_tasks_and_a_recreated_connector_resumes_without_duplic
 # -- failures, restart -------------------------------------------------------------------------------------------
 def test_failed_task_shows_its_trace_and_restart_only_failed_restarts_it(worker, stack, make_topic, unique, pg):
     topic = make_topic(1)
-    name = "failing"
+    name = unique  # connector names are unique per test: txn ids are unique only within a cluster
     call(worker.url, "POST", "/connectors", {"name": name, "config": _pg_config(stack, topic, unique)})
     produce(stack.kafka_bootstrap, topic, [(0, b'{"id": "ok-0"}'), (0, b"{not json"), (0, b'{"id": "ok-2"}')])
     status = _wait_task_state(worker, name, "FAILED")
@@ -282,7 +296,7 @@ def test_in_doubt_endpoint_lists_a_decided_uncommitted_txn_until_recovery_commit
     from worker.zk import ZkSession
 
     topic = make_topic(1)
-    name = "indoubt"
+    name = unique  # connector names are unique per test: txn ids are unique only within a cluster
     register(stack.zookeeper_hosts, unique, name, _pg_config(stack, topic, unique, **{"batch.max.records": "10"}))
     produce(stack.kafka_bootstrap, topic, [(0, json.dumps({"id": f"r{i}"}).encode()) for i in range(40)])
     dying = WorkerProcess(stack, unique, "w-dies", tmp_path, fault="after_decide:2")
@@ -347,27 +361,27 @@ def test_secrets_never_appear_in_responses_or_in_the_worker_log(stack, unique, t
         env = {**good, "connection.password": "${env:TEST_PG_PASSWORD}", "table.name.format": unique + "_env"}
         leaky = {"connector.class": "postgres", "topics": topic, "connection.url": SECRET, "connection.password": SECRET}
         responses = [call(w.url, "POST", "/connectors", {"name": n, "config": c})
-                     for n, c in (("good", good), ("env", env), ("leaky", leaky))]
+                     for n, c in ((f"{unique}-good", good), (f"{unique}-env", env), (f"{unique}-leaky", leaky))]
         assert [r[0] for r in responses] == [201, 201, 201], responses
         produce(stack.kafka_bootstrap, topic, [(0, b'{"id": "x"}')])
-        wait_until(lambda: _status(w, "leaky")["connector"]["state"] == "FAILED", 60, "the leaky connector to fail")
-        _wait_task_state(w, "good", "RUNNING")
-        for path in ("/connectors?expand=info&expand=status", "/connectors/good", "/connectors/good/config",
-                     "/connectors/good/tasks", "/connectors/env/config", "/connectors/leaky/status", "/connectors/leaky/tasks",
-                     "/connectors/leaky", "/connectors/good/transactions", "/connectors/leaky/transactions",
-                     "/connectors/good/status"):
+        g, e, leak = f"/connectors/{unique}-good", f"/connectors/{unique}-env", f"/connectors/{unique}-leaky"
+        wait_until(lambda: call(w.url, "GET", f"{leak}/status")[1]["connector"]["state"] == "FAILED", 60,
+                   "the leaky connector to fail")
+        _wait_task_state(w, f"{unique}-good", "RUNNING")
+        for path in ("/connectors?expand=info&expand=status", g, f"{g}/config", f"{g}/tasks", f"{e}/config", f"{leak}/status",
+                     f"{leak}/tasks", leak, f"{g}/transactions", f"{leak}/transactions", f"{g}/status"):
             responses.append(call(w.url, "GET", path))
         responses.append(call(w.url, "PUT", "/connector-plugins/postgres/config/validate", {**good, "name": "good"}))
-        responses.append(call(w.url, "PUT", "/connectors/good/config", good))
-        status = _status(w, "leaky")
+        responses.append(call(w.url, "PUT", f"{g}/config", good))
+        status = call(w.url, "GET", f"{leak}/status")[1]
         assert "[hidden]" in json.dumps(status), status  # the trace quoted it, redacted
         for r in responses:
             assert SECRET not in json.dumps(r[1]), r
-        assert call(w.url, "GET", "/connectors/good/config")[1]["connection.password"] == "[hidden]"
-        assert call(w.url, "GET", "/connectors/env/config")[1]["connection.password"] == "[hidden]"
+        assert call(w.url, "GET", f"{g}/config")[1]["connection.password"] == "[hidden]"
+        assert call(w.url, "GET", f"{e}/config")[1]["connection.password"] == "[hidden]"
     finally:
         w.stop()
-    log = w.log_text()
+    log = w.log_path.read_text()
     assert "connector_started" in log and SECRET not in log, "a secret reached the worker log"
 
 
@@ -385,7 +399,8 @@ def test_rest_requires_basic_or_bearer_credentials_when_configured(stack, unique
         assert call(w.url, "GET", "/health")[0] == 200 and call(w.url, "GET", "/ready")[0] == 200, "probes stay open"
     finally:
         w.stop()
-    assert "pw-123" not in w.log_text() and "tok-456" not in w.log_text()
+    log = w.log_path.read_text()
+    assert "rest_listening" in log and "pw-123" not in log and "tok-456" not in log
 
 
 # -- the OpenAPI document, fuzzed -------------------------------------------------------------------------------

@@ -125,11 +125,12 @@ def test_task_failing_before_commit_is_never_visible(spark, stack, make_topic, u
 
 
 def test_job_failing_for_good_publishes_no_half_partition_and_rerun_completes(spark, stack, make_topic, unique):  # noqa: F811
+    from spark_jobs.errors import PublishError
     from spark_jobs.faults import FailAt
 
     topic = make_topic(2)
     always = frozenset(range(4))
-    with pytest.raises(Exception, match="injected fault at before_commit"):
+    with pytest.raises(PublishError, match="InjectedFault: injected fault at before_commit .*same run_id"):
         publish(spark, stack, topic, unique, fault_hook=FailAt("before_commit", always, frozenset({2})))
     # The failed job left partitions 0, 1, 3 committed (maybe) and nothing at all of partition 2.
     after_failure = read_topic(stack.kafka_bootstrap, topic)

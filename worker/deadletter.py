@@ -20,8 +20,8 @@ durability and idempotence come from two more pieces:
     2. begins a Kafka transaction with ``transactional.id = eosink-dlq.<connector>.<worker>.<generation>``
        (derived from the txn id, so anyone can recompute it from the manifest), produces the
        records with their context headers, and - in the same Kafka transaction - commits
-       offsets for the source partitions to the group ``eosink-dlq-<connector>`` with
-       **offset metadata = the txn id**: the *commit marker*, visible atomically with the records.
+       offsets for the source partitions to the consumer group named like the transactional.id,
+       with **offset metadata = the txn id**: the *commit marker*, visible atomically with the records.
 
 ``commit(txn)``  commits the Kafka transaction, then deletes the znode.
 
@@ -35,6 +35,13 @@ decision) - and ``commit`` itself when the Kafka commit fails:
     transaction, commit. Delete the znode. Two processes doing this at once fence each other on
     the transactional.id and each checks the marker after its own ``init_transactions()``, so
     only one can commit.
+
+    Why one marker group per transactional.id, not one per connector: after the recoverer's
+    ``init_transactions()`` no other producer can commit a txn of that id, and no *later* txn of
+    that id can have been committed either (it would need a decision, and the recoverer's epoch
+    bump fences the old owner's decisions; a decision made before it would have deleted this
+    znode first). So the marker read then is final. A group shared by the connector could
+    meanwhile be overwritten by another worker's later write on the same source partition.
 
 ``abort(txn)`` / ``recover_and_abort(m)`` (undecided): abort the Kafka transaction (or fence it
 with ``init_transactions()``), delete the znode. Nothing was ever visible to read_committed
@@ -74,9 +81,10 @@ def transactional_id(connector: str, txn_id: str) -> str:
     return f"eosink-dlq.{prefix if prefix.startswith(connector + '.') else connector + '.' + prefix}"
 
 
-def group_id(connector: str) -> str:
-    """The consumer group whose offset metadata is the commit marker of each dead-letter write."""
-    return f"eosink-dlq-{connector}"
+def group_id(connector: str, txn_id: str) -> str:
+    """The consumer group whose offset metadata is the commit marker of the txn's dead-letter write:
+    one per transactional.id (see the module doc)."""
+    return transactional_id(connector, txn_id)
 
 
 def _class_name(exc: BaseException) -> str:
@@ -105,6 +113,7 @@ class DeadLetterSink(TwoPhaseCommitSink):
         self._producer: Any = None
         self._producer_tid: str | None = None
         self._consumer: Any = None
+        self._consumer_group: str | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     def open(self) -> None:
@@ -132,12 +141,7 @@ class DeadLetterSink(TwoPhaseCommitSink):
             except Exception:  # noqa: BLE001 - the next init_transactions() on this id aborts it anyway
                 pass
         self._drop_producer()
-        if self._consumer is not None:
-            try:
-                self._consumer.close()
-            except RuntimeError:
-                pass
-            self._consumer = None
+        self._close_consumer()
 
     # -- the cycle ----------------------------------------------------------------------------------
     def begin_transaction(self, txn_id: str) -> None:
@@ -212,8 +216,9 @@ class DeadLetterSink(TwoPhaseCommitSink):
 
     def recover_and_abort(self, manifest: TxnManifest) -> None:
         if self._open != manifest.txn_id and self._read_manifest(manifest.txn_id) is not None:
-            self._init(transactional_id(self.connector, manifest.txn_id))  # fence the zombie, abort its open txn
-            self._drop_producer()
+            # Fence the old producer and abort its open transaction now, rather than leaving it to
+            # block read_committed readers of the dead-letter topic until transaction.timeout.ms.
+            self._init(transactional_id(self.connector, manifest.txn_id))
         self.abort(manifest.txn_id)
 
     # -- Kafka ----------------------------------------------------------------------------------------
@@ -249,14 +254,27 @@ class DeadLetterSink(TwoPhaseCommitSink):
     def _drop_producer(self) -> None:
         self._producer, self._producer_tid, self._open = None, None, None
 
-    def _group_consumer(self) -> Any:
+    def _group_consumer(self, txn_id: str) -> Any:
+        """A read_committed consumer in the txn's marker group (never subscribes: it gives the group's
+        metadata to the producer, reads the marker, and re-reads records by offset)."""
         from confluent_kafka import Consumer
 
-        if self._consumer is None:
-            self._consumer = Consumer({**self.kafka, "group.id": group_id(self.connector), "isolation.level": "read_committed",
+        group = group_id(self.connector, txn_id)
+        if self._consumer is None or self._consumer_group != group:
+            self._close_consumer()
+            self._consumer = Consumer({**self.kafka, "group.id": group, "isolation.level": "read_committed",
                                        "enable.auto.commit": False, "auto.offset.reset": "earliest",
                                        "enable.partition.eof": False})
+            self._consumer_group = group
         return self._consumer
+
+    def _close_consumer(self) -> None:
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except RuntimeError:
+                pass
+        self._consumer, self._consumer_group = None, None
 
     @staticmethod
     def _marker(records: Sequence[Sequence[Any]], txn_id: str) -> list[Any]:
@@ -290,8 +308,8 @@ class DeadLetterSink(TwoPhaseCommitSink):
             for rec, (key, value, headers) in zip(records, payloads):
                 p.produce(self.topic, key=key, value=value, headers=self._headers(headers, rec, txn_id, worker),
                           on_delivery=delivered)
-            p.send_offsets_to_transaction(self._marker(records, txn_id), self._group_consumer().consumer_group_metadata(),
-                                          self.timeout_s)
+            p.send_offsets_to_transaction(self._marker(records, txn_id),
+                                          self._group_consumer(txn_id).consumer_group_metadata(), self.timeout_s)
             if p.flush(self.timeout_s) > 0:
                 errors.append("flush timed out")
         except KafkaException as exc:
@@ -312,7 +330,7 @@ class DeadLetterSink(TwoPhaseCommitSink):
         self._producer, self._producer_tid = self._init(tid), tid  # fences every other holder of the id first
         records = doc["records"]
         try:
-            committed = self._group_consumer().committed(self._marker(records, txn_id), timeout=self.timeout_s)
+            committed = self._group_consumer(txn_id).committed(self._marker(records, txn_id), timeout=self.timeout_s)
         except KafkaException as exc:
             self._drop_producer()
             raise RetryableError(f"reading the dead-letter marker of {txn_id}: {exc}", component=COMPONENT) from exc
@@ -320,7 +338,7 @@ class DeadLetterSink(TwoPhaseCommitSink):
             log.info("dead_letter_already_committed", connector=self.connector, txn=txn_id)
             self._drop_producer()
             return
-        self._produce(txn_id, records, self._reread(records), doc.get("worker", ""))
+        self._produce(txn_id, records, self._reread(txn_id, records), doc.get("worker", ""))
         try:
             self._producer.commit_transaction(self.timeout_s)
         except KafkaException as exc:
@@ -330,11 +348,11 @@ class DeadLetterSink(TwoPhaseCommitSink):
         metrics.DEAD_LETTERED.labels(self.connector).inc(len(records))
         log.warning("dead_letter_redelivered", connector=self.connector, txn=txn_id, records=len(records), topic=self.topic)
 
-    def _reread(self, records: Sequence[Sequence[Any]]) -> list[tuple[Any, Any, Any]]:
+    def _reread(self, txn_id: str, records: Sequence[Sequence[Any]]) -> list[tuple[Any, Any, Any]]:
         """(key, value, headers) of the bad records, read back from the source topic by offset (read_committed)."""
         from confluent_kafka import TopicPartition as KTP
 
-        c = self._group_consumer()
+        c = self._group_consumer(txn_id)
         out: list[tuple[Any, Any, Any]] = []
         try:
             for topic, partition, offset, *_ in records:

@@ -26,8 +26,10 @@ REDACTED = "[hidden]"
 def register_secret(value: str) -> None:
     """Remember a secret (a resolved password-typed config value): it is cut out of every log line
     and REST response from now on, wherever it turns up (an exception message quoting a DSN...).
-    Values shorter than 4 characters are not registered: they would redact ordinary words."""
-    if isinstance(value, str) and len(value) >= 4 and value != REDACTED:
+    Values shorter than 8 characters are not registered: they would redact ordinary words and names
+    (a password "eosink" would hide every topic called eosink-*); the masking of password-typed
+    keys does not depend on this."""
+    if isinstance(value, str) and len(value) >= 8 and value != REDACTED:
         with _secrets_lock:
             _secrets.add(value)
 

@@ -172,7 +172,6 @@ class Worker:
         self.failures: dict[str, str] = {}
         self._last_invalid: dict[str, str] = {}
         self.rest: Any = None
-        self.started_at = time.monotonic()
         self.last_tick: float | None = None  # monotonic time of the last completed reconcile (liveness)
         self.registered = False  # this worker's znode exists in the current session (readiness)
 

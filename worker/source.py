@@ -161,7 +161,7 @@ class KafkaSource:
         fetch_batch: int = 10_000,
         tolerate: bool = False,
     ) -> None:
-        from confluent_kafka import Consumer
+        from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer
 
         self.connector = connector
         #: errors.tolerance=all: an undecodable record goes to ``Batch.failed`` and the batch goes on.
@@ -185,19 +185,21 @@ class KafkaSource:
         except KeyError:
             raise FatalError(f"unknown value.converter {value_converter!r}; one of {', '.join(CONVERTERS)}") from None
         self.fetch_batch = fetch_batch
+        # No decision yet: start where the reset policy says - never at the group's committed offset, which
+        # is only a best-effort copy for Kafka tooling and may be stale (e.g. after the offsets were reset).
+        self._reset_to = OFFSET_BEGINNING if reset == "earliest" else OFFSET_END
         self._pending: list[Any] = []
         #: Set by the task to end the flush in progress early (stop requested, assignment changed).
         self.interrupt = threading.Event()
         self._assigned: list[TopicPartition] = []
 
     def assign(self, positions: Mapping[TopicPartition, int | None]) -> None:
-        from confluent_kafka import OFFSET_INVALID
         from confluent_kafka import TopicPartition as KTP
 
         self._pending = []
         self._assigned = sorted(positions)
         self.consumer.assign(
-            [KTP(tp.topic, tp.partition, OFFSET_INVALID if off is None else off) for tp, off in sorted(positions.items())]
+            [KTP(tp.topic, tp.partition, self._reset_to if off is None else off) for tp, off in sorted(positions.items())]
         )
 
     def poll_batch(self, max_records: int, max_bytes: int, timeout_s: float) -> Batch:
@@ -288,7 +290,8 @@ class KafkaSource:
             return out
         for p in positions:
             try:
-                _, high = self.consumer.get_watermark_offsets(p, timeout=1, cached=False)
+                # The high watermark the last fetch response carried: no broker round trip on the cycle.
+                _, high = self.consumer.get_watermark_offsets(p, cached=True)
             except KafkaException:
                 continue
             if p.offset >= 0 and high >= 0:

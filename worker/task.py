@@ -637,6 +637,8 @@ class SinkTask:
                 self._fail(exc)
                 result = CycleResult(CycleOutcome.FATAL, error=exc)
             self._check_retry_timeout(result)
+            if result.outcome is CycleOutcome.EMPTY and self.state is TaskState.RUNNING:
+                self._report_lag()  # idle or paused: keep the lag in /status current (at most every 5 s)
             if result.outcome is CycleOutcome.ABORTED and self.state is not TaskState.FAILED:
                 stop.wait(self._backoff.next())
             elif result.outcome is CycleOutcome.EMPTY and (self.state is not TaskState.RUNNING or not self.active_partitions()):
