@@ -218,7 +218,8 @@ def test_offsets_change_only_while_stopped_and_a_rewind_redelivers_from_there(wo
     path = f"/eosink/{unique}/partitions/{name}/{topic}-0"
     before = json.loads(zk.get(path)[0])
     for bad in ({"offsets": []}, {"offsets": [{"partition": {"kafka_topic": topic}, "offset": {"kafka_offset": 1}}]},
-                {"offsets": [{"partition": {"kafka_topic": topic, "kafka_partition": 0}, "offset": {"kafka_offset": -1}}]}, []):
+                {"offsets": [{"partition": {"kafka_topic": topic, "kafka_partition": 0}, "offset": {"kafka_offset": -1}}]},
+                {"offsets": [{"partition": {"kafka_topic": "no\u0000way", "kafka_partition": 0}, "offset": None}]}, []):
         assert call(worker.url, "PATCH", f"/connectors/{name}/offsets", bad)[0] == 400, bad
     status, body, _ = call(worker.url, "PATCH", f"/connectors/{name}/offsets", patch)
     assert (status, body) == (200, {"message": "The offsets for this connector have been altered successfully"})

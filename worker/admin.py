@@ -34,6 +34,10 @@ _CONNECT_STATE = {"RECOVERING": "RUNNING", "UNASSIGNED": "UNASSIGNED", "RUNNING"
                   "STOPPED": "UNASSIGNED", "PAUSED": "PAUSED"}
 
 
+class OffsetsConflict(EosinkError):
+    """The decision log entries kept changing under an offsets update (a concurrent update or a worker)."""
+
+
 @dataclass(frozen=True)
 class TaskReport:
     id: int
@@ -185,12 +189,16 @@ class ClusterAdmin:
                 e = _decode(data)
                 tx.set_data(path, _encode(None, e.epoch + 1, off, e.txn), version=stat.version)
             results = tx.commit()
+            hard = [r for r in results if isinstance(r, Exception) and type(r).__name__ not in (
+                "BadVersionError", "NodeExistsError", "NoNodeError", "RuntimeInconsistency", "RolledBackError")]
+            if hard:
+                raise EosinkError(f"offsets of {connector}: ZooKeeper refused the update: {hard[0]!r}", component="admin")
             if not any(isinstance(r, Exception) for r in results):
                 log.info("offsets_altered", connector=connector,
                          offsets={str(tp): off for tp, off in offsets.items()})
                 return
-        raise EosinkError(f"offsets of {connector} kept changing under the update; is a worker still running it?",
-                          component="admin")
+        raise OffsetsConflict(f"offsets of {connector} kept changing under the update (a concurrent update, or a "
+                              "worker still running it?); try again", component="admin")
 
     # -- transactions ------------------------------------------------------------------------------
     def transactions(self, connector: str, sinks: list[Any], errors: list[dict[str, str]]) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,12 +30,13 @@ from urllib.parse import quote
 from connectors.errors import EosinkError
 from connectors.records import TopicPartition
 from worker import plugins
-from worker.admin import ClusterAdmin
+from worker.admin import ClusterAdmin, OffsetsConflict
 from worker.config import _NAME, masked_config, parse_connector
 from worker.logging import get_logger
 
 log = get_logger("worker.rest")
 STATES = ("RUNNING", "PAUSED", "STOPPED")
+_TOPIC = re.compile(r"^(?!\.{1,2}$)[a-zA-Z0-9._-]{1,249}$")  # Kafka's legal topic names
 
 
 class ApiError(Exception):
@@ -328,8 +330,9 @@ class ConnectApi:
             if not isinstance(part, dict):
                 raise ApiError(400, f"offsets[{i}].partition must be an object with kafka_topic and kafka_partition")
             topic, partition = part.get("kafka_topic"), part.get("kafka_partition")
-            if not isinstance(topic, str) or not topic or len(topic) > 249 or "/" in topic:
-                raise ApiError(400, f"offsets[{i}].partition.kafka_topic must be a topic name")
+            if not isinstance(topic, str) or not _TOPIC.match(topic):
+                raise ApiError(400, f"offsets[{i}].partition.kafka_topic must be a Kafka topic name "
+                                    "(1-249 of a-z A-Z 0-9 . _ -)")
             if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < 2**31:
                 raise ApiError(400, f"offsets[{i}].partition.kafka_partition must be a non-negative integer")
             off = item.get("offset")
@@ -341,15 +344,21 @@ class ConnectApi:
                 raise ApiError(400, f"offsets[{i}].offset.kafka_offset must be a non-negative integer (or the offset null)")
             changes[TopicPartition(topic, partition)] = value
         self._require_stopped(name)
-        self.admin.alter_offsets(name, changes)
+        self._alter(name, changes)
         return Response(200, {"message": "The offsets for this connector have been altered successfully"})
+
+    def _alter(self, name: str, changes: dict[TopicPartition, int | None]) -> None:
+        try:
+            self.admin.alter_offsets(name, changes)
+        except OffsetsConflict as exc:
+            raise ApiError(409, str(exc)) from None
 
     def delete_offsets(self, req: Request) -> Response:
         name = self._name(req)
         self._require_stopped(name)
         partitions = list(self.admin.decisions(name))
         if partitions:
-            self.admin.alter_offsets(name, {tp: None for tp in partitions})
+            self._alter(name, {tp: None for tp in partitions})
         return Response(200, {"message": "The offsets for this connector have been reset successfully"})
 
     # -- transactions (eosink) ------------------------------------------------------------------------
