@@ -20,6 +20,7 @@ RUN python -m venv /opt/eosink \
         "psycopg[binary]>=3.3.9" \
         "boto3>=1.43" \
         "pyiceberg[pyarrow,sql-postgres]>=0.12.0,<0.13" \
+        "pyarrow>=26.0.1" \
         "structlog>=26.1.0" \
         "prometheus-client>=0.26.0" \
  && /opt/eosink/bin/pip install --no-cache-dir --no-deps .

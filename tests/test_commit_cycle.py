@@ -133,6 +133,15 @@ def test_failed_recover_holds_the_partition_until_it_succeeds(rig):
     assert rig.visible("a") == list(range(10))
 
 
+def test_txn_ids_differ_across_clusters_sharing_a_sink(request):
+    """Two clusters (two decision logs, both at generation 1) with the same connector and worker
+    names writing into one database must never produce the same txn id."""
+    a, b = Rig(request.node.name + "-a"), Rig(request.node.name + "-b")
+    ids_a = {a.task().next_txn_id() for _ in range(3)}
+    ids_b = {b.task().next_txn_id() for _ in range(3)}
+    assert not ids_a & ids_b
+
+
 def test_txn_ids_are_unique_across_restarts(rig):
     ids = set()
     for _ in range(3):

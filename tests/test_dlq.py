@@ -266,24 +266,20 @@ def test_poison_records_reach_the_dead_letter_topic_exactly_once_across_kill_9(f
 @pytest.mark.chaos
 def test_tolerance_none_fails_the_task_with_the_reason_in_status(stack, make_topic, unique, pg, tmp_path):
     from tests.procs import wait_until
-    from tests.restkit import call, start_worker
+    from tests.restkit import call, pg_ids, produce, start_worker
 
     topic = make_topic(1)
-    from tests.restkit import produce
-
     produce(stack.kafka_bootstrap, topic, [(0, b'{"id": "a", "amount": 1}'), (0, b'{"id": "b", "amount": "x"}'),
                                            (0, b'{"id": "c", "amount": 3}')])
     pg.execute(f'CREATE TABLE "{unique}" (id text, amount bigint)')
     w = start_worker(stack, unique, "w-strict", tmp_path)
+    status = f"/connectors/{unique}/status"
     try:
         call(w.url, "POST", "/connectors", {"name": unique, "config": {
             "connector.class": "postgres", "topics": topic, "connection.url": stack.postgres_dsn, "table.name.format": unique}})
-        wait_until(lambda: (s := call(w.url, "GET", f"/connectors/{unique}/status")[1])["connector"]["state"] == "FAILED", 60,
-                   "the task to fail")
-        trace = call(w.url, "GET", f"/connectors/{unique}/status")[1]["tasks"][0]["trace"]
+        wait_until(lambda: call(w.url, "GET", status)[1]["connector"]["state"] == "FAILED", 60, "the task to fail")
+        trace = call(w.url, "GET", status)[1]["tasks"][0]["trace"]
         assert f"{topic}[0]@1" in trace and "column 'amount'" in trace, trace
-        from tests.restkit import pg_ids
-
         assert pg_ids(pg, unique) == [], "the failed cycle delivered part of its batch"
     finally:
         w.stop()

@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from connectors.errors import EosinkError
 
@@ -118,8 +119,6 @@ def _direct(args: argparse.Namespace) -> int:
 
 
 def _rest(args: argparse.Namespace, client: Any) -> int:
-    from urllib.parse import quote
-
     from worker.config import load_connector_file
 
     action = args.action
@@ -175,8 +174,6 @@ def _offsets(args: argparse.Namespace, client: Any) -> int:
                 raise EosinkError(f"--set {spec!r}: expected TOPIC:PARTITION=OFFSET (OFFSET may be null)", component="cli")
             items.append({"partition": {"kafka_topic": topic, "kafka_partition": int(part)},
                           "offset": None if off == "null" else {"kafka_offset": int(off)}})
-        from urllib.parse import quote
-
         print(client.request("PATCH", f"/connectors/{quote(args.name, safe='')}/offsets", {"offsets": items})[1]["message"])
         return 0
     for o in client.connector(args.name, "offsets", "GET")[1]["offsets"]:

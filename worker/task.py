@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import enum
 import random
+import secrets
 import threading
 import time
 import traceback
@@ -215,7 +216,7 @@ class SinkTask:
         self._unrecovered: set[TopicPartition] = set()
         self.unresolved: dict[str, Unresolved] = {}
         self._abort_pending: list[str] = []
-        self._generation: int | None = None
+        self._generation: str | None = None
         self._counter = 0
         self._backoff = Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s)
         self._lock = threading.RLock()
@@ -239,10 +240,14 @@ class SinkTask:
         self.source.close()
 
     def status(self) -> TaskStatus:
-        with self._lock:
-            return TaskStatus(self.state, sorted(str(tp) for tp in self.grants), self.trace, list(self.unresolved.values()),
-                              {str(tp): self.delivered.get(tp, 0) for tp in self.grants},
-                              {str(tp): lag for tp, lag in self.lag.items() if tp in self.grants}, self.paused)
+        """A snapshot, without the cycle lock: the worker's loop calls this every round and must
+        not wait for the cycle in flight (up to ``commit.interval.ms``) to end. ``list(dict)`` and
+        ``dict.copy()`` are atomic under the GIL, so the copies are consistent per field."""
+        grants = list(self.grants)
+        delivered, lag = self.delivered.copy(), self.lag.copy()
+        return TaskStatus(self.state, sorted(str(tp) for tp in grants), self.trace, list(self.unresolved.values()),
+                          {str(tp): delivered.get(tp, 0) for tp in grants},
+                          {str(tp): n for tp, n in lag.items() if tp in grants}, self.paused)
 
     def _fail(self, exc: BaseException) -> None:
         self.state = TaskState.FAILED
@@ -255,10 +260,14 @@ class SinkTask:
         self.logger.error("task_failed", error=str(exc), error_class=type(exc).__name__)
 
     def next_txn_id(self) -> str:
-        """``connector.worker.generation.counter``: stable, unique, and never reset on restart
-        (the generation is a fresh ZooKeeper sequence number at every acquisition)."""
+        """``connector.worker.generation.counter``: stable, unique, and never reset on restart.
+
+        The generation is a fresh ZooKeeper sequence number at every acquisition, plus a random
+        suffix: the sequence is unique only within one cluster's ZooKeeper path, while the sinks
+        (a PostgreSQL database, a bucket) may be shared by several clusters that register the
+        same connector name - a repeated id would look "already committed" there."""
         if self._generation is None:
-            self._generation = self.log.new_generation(self.connector)
+            self._generation = f"{self.log.new_generation(self.connector)}-{secrets.token_hex(3)}"
             self._counter = 0
         self._counter += 1
         return f"{self.connector}.{self.worker_id}.{self._generation}.{self._counter}"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -236,9 +237,15 @@ class ConnectApi:
         return Response(200, self._info(name, cfg))
 
     def delete(self, req: Request) -> Response:
+        """Delete, then wait (up to 30 s) until no worker reports a task of it any more: once 204
+        is returned, nothing more of the connector is delivered (the cycle in flight when the
+        delete landed has committed or aborted by then)."""
         name = self._name(req)
         self.store.delete(name)
         log.info("connector_deleted", connector=name)
+        deadline = time.monotonic() + 30
+        while self.admin.tasks(name) and time.monotonic() < deadline:
+            time.sleep(0.05)
         return Response(204)
 
     def status(self, req: Request) -> Response:
