@@ -13,7 +13,7 @@ Each record's value carries its own coordinates (``{"k": "topic/partition/offset
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 

@@ -27,6 +27,7 @@ from connectors.http import HttpSink
 from connectors.http_reference_server import Store
 from connectors.records import PartitionRange, SinkRecord, TopicPartition, TxnManifest
 from tests.fakes import ListSource
+from tests.sinkkit import prepare, records
 from worker.decision import MemoryDecisionLog
 from worker.task import CycleOutcome, SinkTask, TaskSettings, TaskState
 
@@ -81,27 +82,6 @@ class ServerProc:
 
     def visible(self, connector: str) -> list[Any]:
         return [v for line in self.committed() if line["connector"] == connector for v in line["records"]]
-
-
-def records(topic: str, values: Sequence[Any], partition: int = 0, start: int = 0) -> list[SinkRecord]:
-    return [SinkRecord(topic, partition, start + i, None, v, json.dumps(v).encode()) for i, v in enumerate(values)]
-
-
-def manifest_for(txn: str, connector: str, recs: Sequence[SinkRecord], epoch: int = 1) -> TxnManifest:
-    lo: dict[tuple[str, int], int] = {}
-    hi: dict[tuple[str, int], int] = {}
-    for r in recs:
-        k = (r.topic, r.partition)
-        lo[k], hi[k] = min(lo.get(k, r.offset), r.offset), max(hi.get(k, r.offset), r.offset)
-    return TxnManifest(txn, connector, tuple(PartitionRange(t, p, lo[(t, p)], hi[(t, p)], epoch) for t, p in sorted(lo)))
-
-
-def prepare(sink: HttpSink, txn: str, recs: Sequence[SinkRecord], epoch: int = 1) -> TxnManifest:
-    m = manifest_for(txn, sink.connector, recs, epoch)
-    sink.begin_transaction(txn)
-    sink.write(recs)
-    sink.pre_commit(m)
-    return m
 
 
 class Stub:

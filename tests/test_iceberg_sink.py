@@ -15,7 +15,7 @@ import sys
 import textwrap
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -23,13 +23,14 @@ from unittest import mock
 import pytest
 
 from connectors.errors import FatalError, FencedError, RecordError, RetryableError
-from connectors.records import PartitionRange, SinkRecord, TxnManifest
+from connectors.records import SinkRecord
 
 pytest.importorskip("pyiceberg")
 
 from pyiceberg.catalog import load_catalog  # noqa: E402
 
 from connectors.iceberg import SUMMARY_CONNECTOR, SUMMARY_EPOCHS, SUMMARY_OFFSETS, SUMMARY_TXN, IcebergSink  # noqa: E402
+from tests.sinkkit import prepare  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "eosink-iceberg-tests"
@@ -46,24 +47,6 @@ def records(topic: str, n: int, *, partitions: int = 2, first: int = 0, value: C
         v = make(i)
         out.append(SinkRecord(topic, i % partitions, first + i // partitions, None, v, json.dumps(v).encode()))
     return out
-
-
-def manifest(txn: str, connector: str, recs: Sequence[SinkRecord], epoch: int = 1) -> TxnManifest:
-    lo: dict[tuple[str, int], int] = {}
-    hi: dict[tuple[str, int], int] = {}
-    for r in recs:
-        k = (r.topic, r.partition)
-        lo[k] = min(lo.get(k, r.offset), r.offset)
-        hi[k] = max(hi.get(k, r.offset), r.offset)
-    return TxnManifest(txn, connector, tuple(PartitionRange(t, p, lo[(t, p)], hi[(t, p)], epoch) for t, p in sorted(lo)))
-
-
-def prepare(sink: IcebergSink, txn: str, recs: Sequence[SinkRecord], epoch: int = 1) -> TxnManifest:
-    m = manifest(txn, sink.connector, recs, epoch)
-    sink.begin_transaction(txn)
-    sink.write(recs)
-    sink.pre_commit(m)
-    return m
 
 
 def sql_uri(dsn: str) -> str:

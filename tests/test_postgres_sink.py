@@ -8,7 +8,6 @@ transaction survives on the server exactly as after a killed worker.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -28,7 +27,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from connectors.errors import ConfigError, FatalError, FencedError, RecordError, RetryableError
 from connectors.postgres import PostgresSink
-from connectors.records import PartitionRange, SinkRecord, TopicPartition, TxnManifest
+from connectors.records import SinkRecord, TopicPartition, TxnManifest
+from tests.sinkkit import manifest_for as manifest
+from tests.sinkkit import prepare, records
 from worker.stack import Endpoints
 
 MakeSink = Callable[..., PostgresSink]
@@ -36,32 +37,6 @@ PG = psycopg.Connection[Any]
 
 
 # -- helpers ------------------------------------------------------------------------------------
-def records(topic: str, values: Sequence[Any], partition: int = 0, start: int = 0, keys: Sequence[bytes | None] | None = None) -> list[SinkRecord]:
-    out = []
-    for i, v in enumerate(values):
-        key = keys[i] if keys is not None else None
-        out.append(SinkRecord(topic, partition, start + i, key, v, json.dumps(v).encode()))
-    return out
-
-
-def manifest(txn: str, connector: str, recs: Sequence[SinkRecord], epoch: int = 1) -> TxnManifest:
-    lo: dict[tuple[str, int], int] = {}
-    hi: dict[tuple[str, int], int] = {}
-    for r in recs:
-        k = (r.topic, r.partition)
-        lo[k] = min(lo.get(k, r.offset), r.offset)
-        hi[k] = max(hi.get(k, r.offset), r.offset)
-    return TxnManifest(txn, connector, tuple(PartitionRange(t, p, lo[(t, p)], hi[(t, p)], epoch) for t, p in sorted(lo)))
-
-
-def prepare(sink: PostgresSink, txn: str, recs: Sequence[SinkRecord], epoch: int = 1) -> TxnManifest:
-    m = manifest(txn, sink.connector, recs, epoch)
-    sink.begin_transaction(txn)
-    sink.write(recs)
-    sink.pre_commit(m)
-    return m
-
-
 def cycle(sink: PostgresSink, txn: str, recs: Sequence[SinkRecord], epoch: int = 1) -> None:
     prepare(sink, txn, recs, epoch)
     sink.commit(txn)

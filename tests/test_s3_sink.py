@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import boto3
@@ -20,9 +20,10 @@ from botocore.stub import Stubber
 from connectors import s3 as s3mod
 from connectors.config import MASK
 from connectors.errors import ConfigError, FatalError, FencedError, RecordError, RetryableError
-from connectors.records import PartitionRange, SinkRecord, TopicPartition, TxnManifest
+from connectors.records import SinkRecord, TopicPartition
 from connectors.s3 import S3Sink
 from tests.fakes import ListSource
+from tests.sinkkit import prepare, records
 from worker.decision import MemoryDecisionLog
 from worker.stack import Endpoints
 from worker.task import CycleOutcome, SinkTask, TaskSettings, TaskState
@@ -31,27 +32,6 @@ MakeSink = Callable[..., S3Sink]
 
 
 # -- helpers ------------------------------------------------------------------------------------
-def records(topic: str, values: Sequence[Any], partition: int = 0, start: int = 0) -> list[SinkRecord]:
-    return [SinkRecord(topic, partition, start + i, None, v, json.dumps(v).encode()) for i, v in enumerate(values)]
-
-
-def manifest_for(txn: str, connector: str, recs: Sequence[SinkRecord], epoch: int = 1) -> TxnManifest:
-    lo: dict[tuple[str, int], int] = {}
-    hi: dict[tuple[str, int], int] = {}
-    for r in recs:
-        k = (r.topic, r.partition)
-        lo[k], hi[k] = min(lo.get(k, r.offset), r.offset), max(hi.get(k, r.offset), r.offset)
-    return TxnManifest(txn, connector, tuple(PartitionRange(t, p, lo[(t, p)], hi[(t, p)], epoch) for t, p in sorted(lo)))
-
-
-def prepare(sink: S3Sink, txn: str, recs: Sequence[SinkRecord], epoch: int = 1) -> TxnManifest:
-    m = manifest_for(txn, sink.connector, recs, epoch)
-    sink.begin_transaction(txn)
-    sink.write(recs)
-    sink.pre_commit(m)
-    return m
-
-
 def keys(client: Any, bucket: str, prefix: str = "") -> list[str]:
     out: list[str] = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):

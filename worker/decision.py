@@ -20,10 +20,13 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from connectors.errors import CommitStateUnknownError, FencedError, RetryableError
 from connectors.records import TopicPartition
+
+if TYPE_CHECKING:
+    from worker.zk import ZkSession
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,7 @@ class ZooKeeperDecisionLog:
     per-operation results, so every result is tested.
     """
 
-    def __init__(self, session: "ZkSession", worker_id: str) -> None:  # noqa: F821 - see worker.zk
+    def __init__(self, session: ZkSession, worker_id: str) -> None:
         self.session = session
         self.zk = session.client
         self.root = session.root

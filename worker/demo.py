@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("verification (counted from PostgreSQL)")
     print(f"  records published (committed) : {args.orders}")
-    print(f"  records in an aborted txn     : 1000")
+    print("  records in an aborted txn     : 1000")
     print(f"  rows delivered                : {counts['rows']}")
     print(f"  distinct ids                  : {counts['distinct']}")
     print(f"  duplicates                    : {counts['duplicates']}")

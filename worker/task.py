@@ -48,7 +48,6 @@ from connectors.errors import (
     FencedError,
     Outcome,
     RecordError,
-    RetryableError,
     outcome_of,
 )
 from connectors.records import PartitionRange, SinkRecord, TopicPartition, TxnManifest
