@@ -1,10 +1,11 @@
-"""``eosink demo`` (``make demo``): Spark -> outbox -> worker -> PostgreSQL + files, then count.
+"""``eosink demo`` (``make demo``): Spark -> outbox -> worker -> PostgreSQL + Iceberg + S3 + files, then count.
 
 Each run starts clean (topic, table, decision log and output of the demo connector are reset),
 publishes a deterministic set of orders from a PySpark job in one Kafka transaction per task,
 also publishes one transaction that it aborts, starts a worker process, registers
 ``configs/demo-orders.json`` through the worker's REST API (``eosink connectors --url ... apply``),
-waits until everything is delivered, and counts from PostgreSQL itself.
+waits until everything is delivered, and counts each sink itself: PostgreSQL by SQL, the Iceberg
+table by a pyiceberg scan, the S3 archive by reading its objects, the files by their lines.
 """
 
 from __future__ import annotations
@@ -26,6 +27,40 @@ CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo-orders.json"
 TOPIC = "eosink-demo-orders"
 TABLE = "demo_orders"
 CONNECTOR = "demo-orders"
+LAKE_BUCKET, LAKE_TABLE = "eosink-demo-lake", "demo.orders"
+ARCHIVE_BUCKET = "eosink-demo-archive"
+
+
+def _sink_env(ep) -> dict[str, str]:
+    """What ``configs/demo-orders.json`` reads through ``${env:...}``: the local stack's endpoints."""
+    user_host = ep.postgres_dsn.split("://", 1)[1]
+    return {
+        "EOSINK_PG_DSN": ep.postgres_dsn,
+        "EOSINK_ICEBERG_CATALOG_URI": f"postgresql+psycopg2://{user_host}",
+        "EOSINK_S3_ENDPOINT": ep.s3["endpoint_url"],
+        "EOSINK_S3_ACCESS_KEY_ID": ep.s3["aws_access_key_id"],
+        "EOSINK_S3_SECRET_ACCESS_KEY": ep.s3["aws_secret_access_key"],
+    }
+
+
+def _lake_catalog(ep):
+    from pyiceberg.catalog import load_catalog
+
+    env = _sink_env(ep)
+    return load_catalog("eosink", type="sql", uri=env["EOSINK_ICEBERG_CATALOG_URI"], warehouse=f"s3://{LAKE_BUCKET}/warehouse",
+                        **{"s3.endpoint": env["EOSINK_S3_ENDPOINT"], "s3.access-key-id": env["EOSINK_S3_ACCESS_KEY_ID"],
+                           "s3.secret-access-key": env["EOSINK_S3_SECRET_ACCESS_KEY"], "s3.region": "us-east-1"})
+
+
+def _empty_bucket(s3, bucket: str) -> None:
+    try:
+        s3.create_bucket(Bucket=bucket)
+    except (s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
+        pass
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            s3.delete_objects(Bucket=bucket, Delete={"Objects": keys})
 
 
 def _step(msg: str) -> None:
@@ -61,6 +96,15 @@ def _reset(ep, home: Path, partitions: int) -> None:
             if conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0]:
                 conn.execute(f"DELETE FROM {table} WHERE connector = %s", (CONNECTOR,))
     shutil.rmtree(home / "demo-out", ignore_errors=True)
+    import boto3
+
+    s3 = boto3.client("s3", **ep.s3)
+    for bucket in (LAKE_BUCKET, ARCHIVE_BUCKET):
+        _empty_bucket(s3, bucket)
+    try:
+        _lake_catalog(ep).drop_table(LAKE_TABLE)
+    except Exception:  # noqa: BLE001 - first run: no table yet
+        pass
 
 
 def _publish_aborted(bootstrap: str, n: int) -> None:
@@ -89,11 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     ep = load_endpoints()
     home = Path(os.environ.get("EOSINK_HOME", ".eosink")).resolve()
     os.environ["EOSINK_HOME"] = str(home)
-    os.environ["EOSINK_PG_DSN"] = ep.postgres_dsn
+    os.environ.update(_sink_env(ep))
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-    _step(f"resetting demo topic {TOPIC} ({args.partitions} partitions), table {TABLE}, connector state")
+    _step(f"resetting demo topic {TOPIC} ({args.partitions} partitions), table {TABLE}, lake table {LAKE_TABLE}, "
+          f"buckets {LAKE_BUCKET} and {ARCHIVE_BUCKET}, connector state")
     _reset(ep, home, args.partitions)
 
     _step(f"publishing {args.orders} orders from a Spark job (one Kafka transaction per task)")
@@ -137,22 +182,50 @@ def main(argv: list[str] | None = None) -> int:
         rc = worker.wait(60)
     delivered_s = time.monotonic() - t_worker
     files = _count_files(home / "demo-out" / CONNECTOR / "committed")
-    ok = counts["duplicates"] == 0 and counts["missing"] == 0 and counts["from_aborted"] == 0 and files == args.orders and rc == 0
+    lake = _count_ids(_lake_ids(ep))
+    archive = _count_ids(_archive_ids(ep))
+    ok = (counts["duplicates"] == 0 and counts["missing"] == 0 and counts["from_aborted"] == 0 and files == args.orders
+          and rc == 0 and all(c == {"rows": args.orders, "distinct": args.orders, "from_aborted": 0} for c in (lake, archive)))
     print()
-    print("verification (counted from PostgreSQL)")
+    print("verification (each sink read back by itself)")
     print(f"  records published (committed) : {args.orders}")
     print("  records in an aborted txn     : 1000")
-    print(f"  rows delivered                : {counts['rows']}")
+    print(f"  PostgreSQL rows delivered     : {counts['rows']}")
     print(f"  distinct ids                  : {counts['distinct']}")
     print(f"  duplicates                    : {counts['duplicates']}")
     print(f"  missing                       : {counts['missing']}")
     print(f"  rows from the aborted txn     : {counts['from_aborted']}")
     print(f"  lines in the filesystem sink  : {files}")
+    print(f"  Iceberg table (pyiceberg scan): {lake['rows']} rows, {lake['distinct']} distinct ids, "
+          f"{lake['from_aborted']} from the aborted txn")
+    print(f"  S3 archive (objects read)     : {archive['rows']} lines, {archive['distinct']} distinct ids, "
+          f"{archive['from_aborted']} from the aborted txn")
     print(f"  worker exit code (SIGTERM)    : {rc}")
     print(f"  delivery time                 : {delivered_s:.1f} s ({args.orders / max(delivered_s, 1e-9):,.0f} records/s incl. start-up)")
     print(f"  total demo time               : {time.monotonic() - t0:.1f} s")
     print("RESULT:", "OK - exactly once" if ok else "FAILED")
     return 0 if ok else 1
+
+
+def _lake_ids(ep) -> list[str]:
+    table = _lake_catalog(ep).load_table(LAKE_TABLE)
+    return table.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist()
+
+
+def _archive_ids(ep) -> list[str]:
+    import boto3
+
+    s3 = boto3.client("s3", **ep.s3)
+    ids: list[str] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=ARCHIVE_BUCKET, Prefix=f"{CONNECTOR}/"):
+        for obj in page.get("Contents", []):
+            body = s3.get_object(Bucket=ARCHIVE_BUCKET, Key=obj["Key"])["Body"].read()
+            ids += [json.loads(line)["order_id"] for line in body.splitlines() if line]
+    return ids
+
+
+def _count_ids(ids: list[str]) -> dict[str, int]:
+    return {"rows": len(ids), "distinct": len(set(ids)), "from_aborted": sum(1 for i in ids if str(i).startswith("aborted-"))}
 
 
 def _free_port() -> int:
