@@ -221,7 +221,7 @@ class SinkTask:
         self._lock = threading.RLock()
         self._desired: set[TopicPartition] | None = None
         self._lag_at = 0.0
-        self._resuming = False
+        self._resuming_until = 0.0
         self._recovered_at = time.monotonic()
         self.logger = structlog.get_logger("worker.task").bind(connector=connector, worker=worker_id)
 
@@ -288,7 +288,7 @@ class SinkTask:
             if new:
                 self.grants.update(self.log.acquire(self.connector, new))
                 self._generation = None  # a new generation for txns after every acquisition
-                self._resuming = True
+                self._resuming_until = time.monotonic() + self.settings.commit_interval_s
                 self._unrecovered |= new
                 self.logger.info("partitions_acquired", partitions=sorted(str(tp) for tp in new),
                                  epochs={str(tp): self.grants[tp].epoch for tp in new})
@@ -391,10 +391,13 @@ class SinkTask:
         try:
             for sink in self.sinks:
                 sink.begin_transaction(txn_id)
-            # Right after a handoff, flush what is there at once: the new owner resumes promptly.
-            flush_s = min(s.commit_interval_s, 0.1) if self._resuming else s.commit_interval_s
-            self._resuming = False
+            # Right after a handoff, flush what is there at once (in short flushes until the first
+            # records arrive, for at most one interval): the new owner resumes promptly.
+            resuming = time.monotonic() < self._resuming_until
+            flush_s = min(s.commit_interval_s, 0.1) if resuming else s.commit_interval_s
             batch = self.source.poll_batch(s.max_records, s.max_bytes, flush_s)
+            if batch.records:
+                self._resuming_until = 0.0
             FAULTS.hit("flush")
             records, failed = self._split(batch)
             if not records and not failed:
