@@ -294,11 +294,16 @@ def run_eosink(kind: str, bootstrap: str, zk_hosts: str, topic: str, tps: list[T
     cluster = f"bench-{tag}-{kind}"
     session = ZkSession(zk_hosts, cluster=cluster).start()
     decision_log = ZooKeeperDecisionLog(session, "bench-worker")
-    source = KafkaSource(connector, bootstrap)
+    # filesystem-raw is configured like Kafka Connect's peer: values passed through as they are
+    # (value.converter=bytes, as its StringConverter) and written one per line (file.format=raw).
+    source = KafkaSource(connector, bootstrap, value_converter="bytes" if kind == "filesystem-raw" else "json")
     store_name = f"bench-{tag}"
     if kind == "filesystem":
         sink: Any = FilesystemSink(connector, {"file.path": str(workdir / "eosink-fs")})
         name = "eosink FilesystemSink (fsync)"
+    elif kind == "filesystem-raw":
+        sink = FilesystemSink(connector, {"file.path": str(workdir / "eosink-fs-raw"), "file.format": "raw"})
+        name = "eosink FilesystemSink raw, bytes conv. (fsync)"
     else:
         sink = MemorySink(connector, {"memory.store": store_name})
         name = "eosink MemorySink"
@@ -319,7 +324,7 @@ def run_eosink(kind: str, bootstrap: str, zk_hosts: str, topic: str, tps: list[T
     decision_log.decide = _timed(decision_log.decide, steps, "decide")
     detail: dict[str, float] = collections.defaultdict(float)  # inside prepare + commit (not in "other")
     fs_module_patches: list[tuple[str, Any]] = []
-    if kind == "filesystem":
+    if kind.startswith("filesystem"):
         import connectors.filesystem as fs_module
 
         sink._encode = _timed(sink._encode, detail, "encode")
@@ -364,12 +369,13 @@ def run_eosink(kind: str, bootstrap: str, zk_hosts: str, topic: str, tps: list[T
     # -- correctness: exactly the N ids, each once, and nothing left prepared --------------------
     ids = IdCheck(n)
     leftover = 0
-    if kind == "filesystem":
+    if kind.startswith("filesystem"):
         leftover = sum(1 for _ in sink.prepared_dir.iterdir())
+        raw = kind == "filesystem-raw"
         for path in sorted(sink.committed_dir.glob("*.jsonl")):
             with open(path, "rb") as f:
                 for line in f:
-                    ids.add(json.loads(line)["value"]["id"])
+                    ids.add(json.loads(line)["id"] if raw else json.loads(line)["value"]["id"])
         if not keep:
             shutil.rmtree(sink.root, ignore_errors=True)
     else:
@@ -545,7 +551,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for rnd in range(args.rounds):
             rtag = f"{tag}r{rnd}"
             label = f" (round {rnd + 1}/{args.rounds})" if args.rounds > 1 else ""
-            for kind in ("filesystem", "memory"):
+            for kind in ("filesystem", "filesystem-raw", "memory"):
                 step(f"eosink {kind}{label}", lambda k=kind: run_eosink(k, ep.kafka_bootstrap, ep.zookeeper_hosts, topic, tps, n,
                                                                            rtag, workdir, args.timeout_s, args.keep))
                 groups.append(f"eosink-bench-{kind}-{rtag}")
@@ -572,9 +578,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             r.check = next(x.check for x in runs[kind] if not x.check.startswith("ok"))
         return r
 
-    ceiling, fs, mem = best("ceiling"), best("eosink-filesystem"), best("eosink-memory")
+    ceiling, fs, fs_raw, mem = best("ceiling"), best("eosink-filesystem"), best("eosink-filesystem-raw"), best("eosink-memory")
     connect = None if args.skip_connect else (best("connect-launch"), best("connect-first-byte"))
-    results = [ceiling, fs, mem, *(connect or ())]
+    results = [ceiling, fs, fs_raw, mem, *(connect or ())]
     peer = connect[1] if connect else None  # the stricter comparison: Kafka Connect without its start-up
 
     print()
@@ -590,11 +596,11 @@ def main(argv: Sequence[str] | None = None) -> int:
           "/Connect = against Kafka Connect from its first byte; CPU = user+system time of the process doing the work, "
           f"every thread; 1-min load average {' -> '.join(f'{x:.1f}' for x in load)} on {os.cpu_count()} CPUs)")
     cpu_rec = {r.kind: r.cpu_s / r.records for r in results}
-    short = {"eosink-filesystem": "filesystem", "eosink-memory": "memory", "connect-launch": "Kafka Connect incl. start-up",
+    short = {"eosink-filesystem": "filesystem", "eosink-filesystem-raw": "filesystem raw", "eosink-memory": "memory", "connect-launch": "Kafka Connect incl. start-up",
              "connect-first-byte": "Kafka Connect from 1st byte"}
     print("CPU per record against the ceiling's (less sensitive to other load than wall time): " + ", ".join(
         f"{short[r.kind]} {cpu_rec[r.kind] / cpu_rec['ceiling']:.2f}x" for r in results[1:]))
-    for r in (fs, mem):
+    for r in (fs, fs_raw, mem):
         st = r.extra["steps_s"]
         dt = r.extra["prepare_and_commit_detail_s"]
         inner = f" (of prepare + commit: {', '.join(f'{k} {v:.2f}s' for k, v in dt.items())})" if dt else ""
@@ -611,6 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if connect:
         targets["filesystem >= Kafka Connect (from launch)"] = fs.rate >= connect[0].rate
         targets["filesystem >= Kafka Connect (from first byte)"] = fs.rate >= connect[1].rate
+        targets["filesystem raw (configured like Connect) >= Kafka Connect (from first byte)"] = fs_raw.rate >= connect[1].rate
     checks_ok = all(r.check.startswith("ok") for r in results)
     print("targets: " + "; ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in targets.items()))
     print(f"correctness: {'every sink holds exactly the N ids, each once' if checks_ok else 'FAILED'}")

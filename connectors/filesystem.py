@@ -22,7 +22,7 @@ from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
-from connectors.config import ConfigDef, Importance, Type, non_empty
+from connectors.config import ConfigDef, Importance, Type, non_empty, one_of
 from connectors.errors import FencedError, RetryableError
 from connectors.records import SinkRecord, TopicPartition, TxnManifest
 from connectors.sink import BatchingSink
@@ -58,6 +58,10 @@ class FilesystemSink(BatchingSink):
         ConfigDef()
         .define("file.path", Type.STRING, doc="Directory the connector writes under.", importance=Importance.HIGH, validator=non_empty)
         .define("file.fsync", Type.BOOLEAN, True, "fsync files and directories (turn off only for throwaway data).")
+        .define("file.format", Type.STRING, "jsonl", "jsonl: one JSON object per record with topic, partition, "
+                "offset, key, id and value; raw: each record's value bytes as they were on the topic, one per "
+                "line (what Kafka Connect's FileStreamSink writes; values must not contain newlines).",
+                validator=one_of("jsonl", "raw"))
     )
 
     def __init__(self, connector: str, config: Mapping[str, Any]) -> None:
@@ -67,6 +71,7 @@ class FilesystemSink(BatchingSink):
         self.committed_dir = self.root / "committed"
         self.epochs_dir = self.root / "epochs"
         self.fsync = bool(self.config["file.fsync"])
+        self._encode = self._encode_raw if self.config["file.format"] == "raw" else self._encode_jsonl
 
     def open(self) -> None:
         try:
@@ -97,7 +102,14 @@ class FilesystemSink(BatchingSink):
             path.write_bytes(data)
 
     @staticmethod
-    def _encode(records: list[SinkRecord]) -> bytes:
+    def _encode_raw(records: list[SinkRecord]) -> bytes:
+        """The value bytes of each record, newline-terminated (a null value is an empty line)."""
+        parts = [r.raw_value or b"" for r in records]
+        parts.append(b"")
+        return b"\n".join(parts)
+
+    @staticmethod
+    def _encode_jsonl(records: list[SinkRecord]) -> bytes:
         # ``json.dumps(a_str)`` is exactly ``encode_basestring_ascii(a_str)`` (its default
         # ensure_ascii path): calling the C escaper directly skips the encoder's Python frames.
         esc = encode_basestring_ascii

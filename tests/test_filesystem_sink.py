@@ -1,0 +1,54 @@
+"""The filesystem sink's two line formats (its 2PC behaviour is in test_conformance.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from connectors.errors import ConfigError
+from connectors.filesystem import FilesystemSink
+from connectors.records import SinkRecord
+from tests.sinkkit import prepare
+
+
+def _records() -> list[SinkRecord]:
+    raws = [b'{"id": 1, "s": "caf\\u00e9"}', b'{"id": 2}', b'"a string"']
+    return [SinkRecord("t.x", 0, i, b"k" if i == 0 else None, json.loads(r), r, (("eosink.id", b"job/run/0/0"),) if i == 0 else ())
+            for i, r in enumerate(raws)]
+
+
+def _committed_bytes(sink: FilesystemSink) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(sink.committed_dir.glob("*.jsonl")))
+
+
+def test_raw_format_writes_each_value_exactly_as_it_was_on_the_topic(tmp_path):
+    sink = FilesystemSink("c", {"file.path": str(tmp_path), "file.format": "raw"})
+    sink.open()
+    recs = _records()
+    prepare(sink, "c.w.1.1", recs)
+    assert _committed_bytes(sink) == b""
+    sink.commit("c.w.1.1")
+    assert _committed_bytes(sink) == b"".join(r.raw_value + b"\n" for r in recs)
+
+
+def test_jsonl_format_is_one_object_per_record_that_jq_reads(tmp_path):
+    sink = FilesystemSink("c", {"file.path": str(tmp_path)})
+    sink.open()
+    prepare(sink, "c.w.1.1", _records())
+    sink.commit("c.w.1.1")
+    rows = [json.loads(line) for line in _committed_bytes(sink).splitlines()]
+    assert [r["offset"] for r in rows] == [0, 1, 2]
+    assert rows[0] == {"topic": "t.x", "partition": 0, "offset": 0, "key": "k", "id": "job/run/0/0",
+                       "value": {"id": 1, "s": "café"}}
+    assert rows[1]["id"] == "t.x/0/1" and rows[1]["key"] is None and rows[2]["value"] == "a string"
+    jq = subprocess.run(["sh", "-c", "command -v jq"], capture_output=True)
+    if jq.returncode == 0:
+        out = subprocess.run(["jq", "-c", ".value"], input=_committed_bytes(sink), capture_output=True, check=True)
+        assert out.stdout.splitlines()[1] == b'{"id":2}'
+
+
+def test_unknown_format_names_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="file.format"):
+        FilesystemSink("c", {"file.path": str(tmp_path), "file.format": "csv"})
