@@ -42,33 +42,9 @@ if str(REPO) not in sys.path:
 import urllib3  # noqa: E402
 
 from connectors.http import HttpSink, encode_body  # noqa: E402
-from connectors.records import PartitionRange, SinkRecord, TxnManifest  # noqa: E402
+from bench._data import make_records  # noqa: E402
+from connectors.records import TxnManifest  # noqa: E402
 
-STATUSES = ("paid", "pending", "refunded", "failed")
-COUNTRIES = ("DE", "FR", "NL", "US", "GB", "PL")
-
-
-def make_records(topic: str, n: int, partitions: int) -> list[SinkRecord]:
-    """``n`` records round-robin over the partitions, ~200 bytes of JSON each."""
-    out: list[SinkRecord] = []
-    for i in range(n):
-        value = {
-            "id": i, "user": f"user_{i % 99991:05d}", "email": f"user{i % 99991}@example.com",
-            "amount": round((i * 7919 % 100000) / 100.0, 2), "currency": "EUR", "status": STATUSES[i % 4],
-            "country": COUNTRIES[i % 6], "created": f"2024-05-{1 + i % 28:02d}T12:{i % 60:02d}:{i * 7 % 60:02d}Z",
-            "note": f"order {i} shipped via standard delivery, thank you",
-        }
-        out.append(SinkRecord(topic, i % partitions, i // partitions, None, value, json.dumps(value).encode()))
-    return out
-
-
-def manifest_for(txn: str, connector: str, batch: Sequence[SinkRecord], epoch: int) -> TxnManifest:
-    lo: dict[tuple[str, int], int] = {}
-    hi: dict[tuple[str, int], int] = {}
-    for r in batch:
-        k = (r.topic, r.partition)
-        lo[k], hi[k] = min(lo.get(k, r.offset), r.offset), max(hi.get(k, r.offset), r.offset)
-    return TxnManifest(txn, connector, tuple(PartitionRange(t, p, lo[(t, p)], hi[(t, p)], epoch) for t, p in sorted(lo)))
 
 
 def start_server(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -109,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         avg = statistics.fmean(len(r.raw_value or b"") for r in records[:10_000])
         gc.collect()
         gc.freeze()
-        raw_bodies = [encode_body(manifest_for(f"raw{tag}.w.0.{i}", f"raw{tag}", p, 1), p) for i, p in enumerate(parts)]
+        raw_bodies = [encode_body(TxnManifest.covering(f"raw{tag}.w.0.{i}", f"raw{tag}", p, 1), p) for i, p in enumerate(parts)]
         print(f"{len(records):,} records of ~{avg:.0f} bytes JSON, {args.partitions} partitions, {len(parts)} cycles of "
               f"{args.batch:,} ({len(raw_bodies[0]) / 1e6:.1f} MB body per cycle); generated in {time.perf_counter() - t0:.1f}s; "
               f"reference server {url}, data {data_dir}")
@@ -127,13 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raw_t = sink_t = 0.0
             for i, (part, body) in enumerate(zip(parts, raw_bodies)):
                 txn = f"raw{tag}.w.{rnd}.{i}"
-                body = encode_body(manifest_for(txn, f"raw{tag}", part, 1), part)  # a fresh txn id, built untimed
+                body = encode_body(TxnManifest.covering(txn, f"raw{tag}", part, 1), part)  # a fresh txn id, built untimed
                 r0 = time.perf_counter()
                 resp = http.request("POST", f"{url}/prepare/{txn}", body=body, headers=headers)
                 r = time.perf_counter() - r0
                 assert resp.status == 200, resp.data
                 http.request("POST", f"{url}/abort/{txn}")  # outside the timing: keep the server's state small
-                m = manifest_for(f"{connector}.w.1.{i + 1}", connector, part, 1)
+                m = TxnManifest.covering(f"{connector}.w.1.{i + 1}", connector, part, 1)
                 c0 = time.perf_counter()
                 sink.begin_transaction(m.txn_id)
                 sink.write(part)

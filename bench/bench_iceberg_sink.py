@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import shutil
 import statistics
 import sys
@@ -45,45 +44,11 @@ from pyiceberg.catalog import load_catalog  # noqa: E402
 from pyiceberg.io.pyarrow import schema_to_pyarrow  # noqa: E402
 
 from connectors.iceberg import IcebergSink  # noqa: E402
-from connectors.records import PartitionRange, SinkRecord, TxnManifest  # noqa: E402
+from bench._data import batches, make_records  # noqa: E402
+from connectors.records import SinkRecord, TxnManifest  # noqa: E402
 
 PARTITIONS = 4
-STATUSES = ("paid", "pending", "refunded", "failed")
-COUNTRIES = ("DE", "FR", "NL", "US", "GB", "PL")
 NAMESPACE = "eosink_bench"
-
-
-def make_records(topic: str, n: int) -> list[SinkRecord]:
-    """``n`` records round-robin over the partitions, ~200 bytes of JSON each (as bench_postgres_sink)."""
-    out: list[SinkRecord] = []
-    for i in range(n):
-        value = {
-            "id": i,
-            "user": f"user_{i % 99991:05d}",
-            "email": f"user{i % 99991}@example.com",
-            "amount": round((i * 7919 % 100000) / 100.0, 2),
-            "currency": "EUR",
-            "status": STATUSES[i % 4],
-            "country": COUNTRIES[i % 6],
-            "created": f"2024-05-{1 + i % 28:02d}T12:{i % 60:02d}:{i * 7 % 60:02d}Z",
-            "note": f"order {i} shipped via standard delivery, thank you",
-        }
-        out.append(SinkRecord(topic, i % PARTITIONS, i // PARTITIONS, None, value, json.dumps(value).encode()))
-    return out
-
-
-def batches(records: Sequence[SinkRecord], size: int) -> list[Sequence[SinkRecord]]:
-    return [records[i : i + size] for i in range(0, len(records), size)]
-
-
-def manifest_for(txn: str, connector: str, batch: Sequence[SinkRecord], epoch: int) -> TxnManifest:
-    lo: dict[tuple[str, int], int] = {}
-    hi: dict[tuple[str, int], int] = {}
-    for r in batch:
-        k = (r.topic, r.partition)
-        lo[k] = min(lo.get(k, r.offset), r.offset)
-        hi[k] = max(hi.get(k, r.offset), r.offset)
-    return TxnManifest(txn, connector, tuple(PartitionRange(t, p, lo[(t, p)], hi[(t, p)], epoch) for t, p in sorted(lo)))
 
 
 class Mode:
@@ -139,12 +104,12 @@ class SinkCycles(Mode):
     def start(self, rnd: int) -> None:
         self.sink = self.bench.sink(f"{'sink' if self.fsync else 'sinkn'}_{self.bench.tag}_{rnd}", **{"iceberg.fsync": self.fsync})
         c = self.sink.connector
-        warm = make_records(self.parts[0][0].topic, 1)  # auto.create outside the timing, as in a long-running worker
+        warm = make_records(self.parts[0][0].topic, 1, PARTITIONS)  # auto.create outside the timing, as in a long-running worker
         self.sink.begin_transaction(f"{c}.w.0.0")
         self.sink.write(warm)
-        self.sink.pre_commit(manifest_for(f"{c}.w.0.0", c, warm, 1))
+        self.sink.pre_commit(TxnManifest.covering(f"{c}.w.0.0", c, warm, 1))
         self.sink.abort(f"{c}.w.0.0")
-        self.manifests = [manifest_for(f"{c}.w.{rnd + 1}.{i + 1}", c, part, 1) for i, part in enumerate(self.parts)]
+        self.manifests = [TxnManifest.covering(f"{c}.w.{rnd + 1}.{i + 1}", c, part, 1) for i, part in enumerate(self.parts)]
 
     def step(self, i: int) -> None:
         s, m = self.sink, self.manifests[i]
@@ -200,10 +165,10 @@ class Bench:
     def schema(self, topic: str) -> Any:
         """The schema the sink auto-creates for these records (a 1-record warm-up, aborted)."""
         s = self.sink(f"schema_{self.tag}")
-        warm = make_records(topic, 1)
+        warm = make_records(topic, 1, PARTITIONS)
         s.begin_transaction("warm")
         s.write(warm)
-        s.pre_commit(manifest_for("warm", s.connector, warm, 1))
+        s.pre_commit(TxnManifest.covering("warm", s.connector, warm, 1))
         s.abort("warm")
         return self.catalog.load_table(f"{NAMESPACE}.schema_{self.tag}").schema()
 
@@ -228,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = Bench(args)
     topic = f"bench.iceberg.{bench.tag}"
     t0 = time.perf_counter()
-    records = make_records(topic, args.records)
+    records = make_records(topic, args.records, PARTITIONS)
     avg_bytes = statistics.fmean(len(r.raw_value or b"") for r in records[:10_000])
     parts = batches(records, args.batch)
     schema = bench.schema(topic)

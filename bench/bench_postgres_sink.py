@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
@@ -46,7 +45,8 @@ import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
 from connectors.postgres import PostgresSink  # noqa: E402
-from connectors.records import PartitionRange, SinkRecord, TxnManifest  # noqa: E402
+from bench._data import batches, make_records  # noqa: E402
+from connectors.records import SinkRecord, TxnManifest  # noqa: E402
 
 PARTITIONS = 4
 FIELDS: tuple[tuple[str, str, str], ...] = (  # name, SQL type, COPY type
@@ -63,41 +63,6 @@ FIELDS: tuple[tuple[str, str, str], ...] = (  # name, SQL type, COPY type
 KAFKA = (("__topic", "text", "text"), ("__partition", "integer", "int4"), ("__offset", "bigint", "int8"))
 COLUMNS = [f for f, _, _ in FIELDS + KAFKA]
 COPY_TYPES = [t for _, _, t in FIELDS + KAFKA]
-STATUSES = ("paid", "pending", "refunded", "failed")
-COUNTRIES = ("DE", "FR", "NL", "US", "GB", "PL")
-
-
-def make_records(topic: str, n: int) -> list[SinkRecord]:
-    """``n`` records round-robin over the partitions, ~200 bytes of JSON each."""
-    out: list[SinkRecord] = []
-    for i in range(n):
-        value = {
-            "id": i,
-            "user": f"user_{i % 99991:05d}",
-            "email": f"user{i % 99991}@example.com",
-            "amount": round((i * 7919 % 100000) / 100.0, 2),
-            "currency": "EUR",
-            "status": STATUSES[i % 4],
-            "country": COUNTRIES[i % 6],
-            "created": f"2024-05-{1 + i % 28:02d}T12:{i % 60:02d}:{i * 7 % 60:02d}Z",
-            "note": f"order {i} shipped via standard delivery, thank you",
-        }
-        out.append(SinkRecord(topic, i % PARTITIONS, i // PARTITIONS, None, value, json.dumps(value).encode()))
-    return out
-
-
-def batches(records: Sequence[SinkRecord], size: int) -> list[Sequence[SinkRecord]]:
-    return [records[i : i + size] for i in range(0, len(records), size)]
-
-
-def manifest_for(txn: str, connector: str, batch: Sequence[SinkRecord], epoch: int) -> TxnManifest:
-    lo: dict[tuple[str, int], int] = {}
-    hi: dict[tuple[str, int], int] = {}
-    for r in batch:
-        k = (r.topic, r.partition)
-        lo[k] = min(lo.get(k, r.offset), r.offset)
-        hi[k] = max(hi.get(k, r.offset), r.offset)
-    return TxnManifest(txn, connector, tuple(PartitionRange(t, p, lo[(t, p)], hi[(t, p)], epoch) for t, p in sorted(lo)))
 
 
 @dataclass
@@ -155,12 +120,12 @@ def run_sink(
     sink = PostgresSink(connector, {"connection.url": dsn})
     sink.open()
     try:
-        warm = make_records(topic, 1)  # auto.create outside the timing, as in a long-running worker
+        warm = make_records(topic, 1, PARTITIONS)  # auto.create outside the timing, as in a long-running worker
         sink.begin_transaction(f"{connector}.w.0.0")
         sink.write(warm)
-        sink.pre_commit(manifest_for(f"{connector}.w.0.0", connector, warm, 1))
+        sink.pre_commit(TxnManifest.covering(f"{connector}.w.0.0", connector, warm, 1))
         sink.abort(f"{connector}.w.0.0")
-        manifests = [manifest_for(f"{connector}.w.1.{i + 1}", connector, part, 1) for i, part in enumerate(parts)]
+        manifests = [TxnManifest.covering(f"{connector}.w.1.{i + 1}", connector, part, 1) for i, part in enumerate(parts)]
         t0, c0 = time.perf_counter(), time.process_time()
         for part, m in zip(parts, manifests):
             sink.begin_transaction(m.txn_id)
@@ -222,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw_table, text_table, alo_table = f"bench_raw_{tag}", f"bench_rawtext_{tag}", f"bench_alo_{tag}"
 
     t0 = time.perf_counter()
-    records = make_records(topic, args.records)
+    records = make_records(topic, args.records, PARTITIONS)
     avg_bytes = statistics.fmean(len(r.raw_value or b"") for r in records[:10_000])
     parts = batches(records, args.batch)
     if not args.no_gc_freeze:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import sys
 import time
@@ -39,34 +38,10 @@ if str(REPO) not in sys.path:
 import boto3  # noqa: E402
 from botocore.config import Config  # noqa: E402
 
-from connectors.records import PartitionRange, SinkRecord, TxnManifest  # noqa: E402
+from bench._data import make_records  # noqa: E402
+from connectors.records import SinkRecord, TxnManifest  # noqa: E402
 from connectors.s3 import ENCODERS, S3Sink  # noqa: E402
 
-STATUSES = ("paid", "pending", "refunded", "failed")
-COUNTRIES = ("DE", "FR", "NL", "US", "GB", "PL")
-
-
-def make_records(topic: str, n: int, partitions: int) -> list[SinkRecord]:
-    """``n`` records round-robin over the partitions, ~200 bytes of JSON each."""
-    out: list[SinkRecord] = []
-    for i in range(n):
-        value = {
-            "id": i, "user": f"user_{i % 99991:05d}", "email": f"user{i % 99991}@example.com",
-            "amount": round((i * 7919 % 100000) / 100.0, 2), "currency": "EUR", "status": STATUSES[i % 4],
-            "country": COUNTRIES[i % 6], "created": f"2024-05-{1 + i % 28:02d}T12:{i % 60:02d}:{i * 7 % 60:02d}Z",
-            "note": f"order {i} shipped via standard delivery, thank you",
-        }
-        out.append(SinkRecord(topic, i % partitions, i // partitions, None, value, json.dumps(value).encode()))
-    return out
-
-
-def manifest_for(txn: str, connector: str, batch: Sequence[SinkRecord], epoch: int) -> TxnManifest:
-    lo: dict[tuple[str, int], int] = {}
-    hi: dict[tuple[str, int], int] = {}
-    for r in batch:
-        k = (r.topic, r.partition)
-        lo[k], hi[k] = min(lo.get(k, r.offset), r.offset), max(hi.get(k, r.offset), r.offset)
-    return TxnManifest(txn, connector, tuple(PartitionRange(t, p, lo[(t, p)], hi[(t, p)], epoch) for t, p in sorted(lo)))
 
 
 def raw_cycle(pool: ThreadPoolExecutor, client: Any, bucket: str, objects: list[tuple[str, bytes]]) -> float:
@@ -152,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             for i, (part, objs) in enumerate(zip(parts, raw_objects)):
                 r = raw_cycle(pool, client, bucket, objs)
-                c = sink_cycle(sink, part, manifest_for(f"{connector}.w.1.{i + 1}", connector, part, 1))
+                c = sink_cycle(sink, part, TxnManifest.covering(f"{connector}.w.1.{i + 1}", connector, part, 1))
                 raw_t, sink_t = raw_t + r, sink_t + c["cycle"] / 1000
                 c["raw"] = r * 1000
                 cycles.append(c)

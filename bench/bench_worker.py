@@ -57,6 +57,7 @@ from confluent_kafka import Consumer, KafkaException, Producer  # noqa: E402
 from confluent_kafka import TopicPartition as KTP  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
+from bench._data import order  # noqa: E402
 from connectors.filesystem import FilesystemSink  # noqa: E402
 from connectors.memory import MemorySink, drop_store, store  # noqa: E402
 from connectors.records import TopicPartition  # noqa: E402
@@ -69,8 +70,6 @@ from worker.zk import ZkSession  # noqa: E402
 RESULTS = REPO / "bench" / "results" / "worker.json"
 COMMIT_INTERVAL_S = 1.0
 TXN_RECORDS = 50_000  # records per producer transaction when pre-filling
-STATUSES = ("paid", "pending", "refunded", "failed")
-COUNTRIES = ("DE", "FR", "NL", "US", "GB", "PL")
 CONNECT_JVM_OPTS = [  # what bin/connect-standalone.sh + kafka-run-class.sh pass by default
     "-Xms256M", "-Xmx2G", "-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
     "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true",
@@ -80,20 +79,7 @@ CONNECT_JVM_OPTS = [  # what bin/connect-standalone.sh + kafka-run-class.sh pass
 # ---------------------------------------------------------------------------------------- data
 def value_of(i: int) -> bytes:
     """The outbox record with id ``i``: ~200 bytes of compact JSON."""
-    return json.dumps(
-        {
-            "id": i,
-            "user": f"user_{i % 99991:05d}",
-            "email": f"user{i % 99991}@example.com",
-            "amount": round((i * 7919 % 100000) / 100.0, 2),
-            "currency": "EUR",
-            "status": STATUSES[i % 4],
-            "country": COUNTRIES[i % 6],
-            "created": f"2024-05-{1 + i % 28:02d}T12:{i % 60:02d}:{i * 7 % 60:02d}Z",
-            "note": f"order {i} shipped",
-        },
-        separators=(",", ":"),
-    ).encode()
+    return json.dumps(order(i, note=f"order {i} shipped"), separators=(",", ":")).encode()
 
 
 def default_topic(n: int) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -93,6 +94,17 @@ class TxnManifest:
             if r.tp == tp:
                 return r.epoch
         return None
+
+    @classmethod
+    def covering(cls, txn_id: str, connector: str, records: "Sequence[SinkRecord]", epoch: int) -> "TxnManifest":
+        """The manifest of a transaction holding ``records``, every partition at ``epoch``: per
+        partition its first and last offset (what a sink's own tests and benchmarks prepare)."""
+        lo: dict[tuple[str, int], int] = {}
+        hi: dict[tuple[str, int], int] = {}
+        for r in records:
+            k = (r.topic, r.partition)
+            lo[k], hi[k] = min(lo.get(k, r.offset), r.offset), max(hi.get(k, r.offset), r.offset)
+        return cls(txn_id, connector, tuple(PartitionRange(t, p, lo[(t, p)], hi[(t, p)], epoch) for t, p in sorted(lo)))
 
     def to_json(self) -> str:
         return json.dumps(

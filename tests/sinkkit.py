@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from connectors.records import PartitionRange, SinkRecord, TxnManifest
+from connectors.records import SinkRecord, TxnManifest
 from connectors.sink import TwoPhaseCommitSink
 
 
@@ -19,12 +19,7 @@ def records(topic: str, values: Sequence[Any], partition: int = 0, start: int = 
 
 def manifest_for(txn: str, connector: str, recs: Sequence[SinkRecord], epoch: int = 1) -> TxnManifest:
     """The manifest the engine builds for ``recs``: per partition, first and last offset, one epoch."""
-    lo: dict[tuple[str, int], int] = {}
-    hi: dict[tuple[str, int], int] = {}
-    for r in recs:
-        k = (r.topic, r.partition)
-        lo[k], hi[k] = min(lo.get(k, r.offset), r.offset), max(hi.get(k, r.offset), r.offset)
-    return TxnManifest(txn, connector, tuple(PartitionRange(t, p, lo[(t, p)], hi[(t, p)], epoch) for t, p in sorted(lo)))
+    return TxnManifest.covering(txn, connector, recs, epoch)
 
 
 def prepare(sink: TwoPhaseCommitSink, txn: str, recs: Sequence[SinkRecord], epoch: int = 1) -> TxnManifest:

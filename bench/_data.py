@@ -1,0 +1,41 @@
+"""The records every benchmark uses: ~200-byte JSON orders, the same for the same index."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from connectors.records import SinkRecord
+
+STATUSES = ("paid", "pending", "refunded", "failed")
+COUNTRIES = ("DE", "FR", "NL", "US", "GB", "PL")
+
+
+def order(i: int, note: str | None = None) -> dict[str, Any]:
+    """The order with id ``i``."""
+    return {
+        "id": i,
+        "user": f"user_{i % 99991:05d}",
+        "email": f"user{i % 99991}@example.com",
+        "amount": round((i * 7919 % 100000) / 100.0, 2),
+        "currency": "EUR",
+        "status": STATUSES[i % 4],
+        "country": COUNTRIES[i % 6],
+        "created": f"2024-05-{1 + i % 28:02d}T12:{i % 60:02d}:{i * 7 % 60:02d}Z",
+        "note": note if note is not None else f"order {i} shipped via standard delivery, thank you",
+    }
+
+
+def make_records(topic: str, n: int, partitions: int) -> list[SinkRecord]:
+    """``n`` orders round-robin over ``partitions``, as a worker would hand them to a sink."""
+    out: list[SinkRecord] = []
+    for i in range(n):
+        value = order(i)
+        out.append(SinkRecord(topic, i % partitions, i // partitions, None, value, json.dumps(value).encode()))
+    return out
+
+
+def batches(records: Sequence[SinkRecord], size: int) -> list[Sequence[SinkRecord]]:
+    """Consecutive slices of ``size``: one commit cycle's worth each."""
+    return [records[i : i + size] for i in range(0, len(records), size)]
