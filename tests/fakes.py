@@ -52,7 +52,7 @@ class ListSource:
     def commit_offsets(self, offsets: Mapping[TopicPartition, int]) -> None:
         self.committed_offsets.update(offsets)
 
-    def lag(self) -> dict[TopicPartition, int]:
+    def lag(self, *, fresh: bool = False) -> dict[TopicPartition, int]:
         return {tp: len(self.data[tp]) - p for tp, p in self.positions.items()}
 
     def close(self) -> None:

@@ -61,7 +61,11 @@ def test_status_watch_shows_per_partition_lag_and_delivered_counts(worker, stack
     assert cli("connectors", "--url", worker.url, "apply", str(tmp_path / "c.json")).returncode == 0
     produce(stack.kafka_bootstrap, topic, [(i % 2, json.dumps({"id": f"r{i}"}).encode()) for i in range(50)])
     wait_until(lambda: len(pg_ids(pg, unique)) == 50, 60, "50 rows")
-    wait_until(lambda: "25" in cli("connectors", "--url", worker.url, "status", unique).stdout, 30, "delivered counts")
+    def both_delivered() -> bool:  # the status is published per change: wait for both partitions' counts
+        lines = cli("connectors", "--url", worker.url, "status", unique).stdout.splitlines()
+        return all(any(f"{topic}-{p} " in ln and ln.split()[3:4] == ["25"] for ln in lines) for p in (0, 1))
+
+    wait_until(both_delivered, 30, "delivered counts of both partitions")
     r = cli("connectors", "--url", worker.url, "status", unique, "--watch", "--interval", "0.3", "--count", "2")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count(f"{unique}: RUNNING") == 2, r.stdout

@@ -65,7 +65,7 @@ class RecordSource(Protocol):
 
     def commit_offsets(self, offsets: Mapping[TopicPartition, int]) -> None: ...
 
-    def lag(self) -> dict[TopicPartition, int]: ...
+    def lag(self, *, fresh: bool = False) -> dict[TopicPartition, int]: ...
 
     def close(self) -> None: ...
 
@@ -279,7 +279,7 @@ class KafkaSource:
         except KafkaException:
             pass  # best effort: the decision log, not the group, is the source of truth
 
-    def lag(self) -> dict[TopicPartition, int]:
+    def lag(self, *, fresh: bool = False) -> dict[TopicPartition, int]:
         from confluent_kafka import KafkaException
         from confluent_kafka import TopicPartition as KTP
 
@@ -290,8 +290,10 @@ class KafkaSource:
             return out
         for p in positions:
             try:
-                # The high watermark the last fetch response carried: no broker round trip on the cycle.
-                _, high = self.consumer.get_watermark_offsets(p, cached=True)
+                # Cached: the high watermark the last fetch response carried, no broker round trip
+                # (used inside cycles); fresh: asked of the broker (idle or paused tasks).
+                _, high = (self.consumer.get_watermark_offsets(p, timeout=1, cached=False) if fresh
+                           else self.consumer.get_watermark_offsets(p, cached=True))
             except KafkaException:
                 continue
             if p.offset >= 0 and high >= 0:

@@ -527,12 +527,14 @@ class SinkTask:
                                     epoch=self.grants[TopicPartition(f.topic, f.partition)].epoch, stage=f.stage,
                                     error_class=type(f.error).__name__, error=str(f.error), **extra)
 
-    def _report_lag(self, every_s: float = 5.0) -> None:
+    def _report_lag(self, every_s: float = 5.0, *, fresh: bool = False) -> None:
+        """``fresh``: ask the broker (idle or paused: nothing is being fetched, so the watermark the
+        last fetch carried is stale); otherwise use that cached watermark (no round trip in a cycle)."""
         now = time.monotonic()
         if now - self._lag_at < every_s:
             return
         self._lag_at = now
-        self.lag = self.source.lag()
+        self.lag = self.source.lag(fresh=fresh)
         for tp, lag in self.lag.items():
             metrics.LAG.labels(self.connector, tp.topic, str(tp.partition)).set(lag)
 
@@ -649,7 +651,7 @@ class SinkTask:
                 result = CycleResult(CycleOutcome.FATAL, error=exc)
             self._check_retry_timeout(result)
             if result.outcome is CycleOutcome.EMPTY and self.state is TaskState.RUNNING:
-                self._report_lag()  # idle or paused: keep the lag in /status current (at most every 5 s)
+                self._report_lag(fresh=True)  # idle or paused: keep the lag in /status current (at most every 5 s)
             if result.outcome is CycleOutcome.ABORTED and self.state is not TaskState.FAILED:
                 stop.wait(self._backoff.next())
             elif result.outcome is CycleOutcome.EMPTY and (self.state is not TaskState.RUNNING or not self.active_partitions()):
