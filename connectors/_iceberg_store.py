@@ -29,6 +29,8 @@ from pyarrow import fs as pafs
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
+from connectors._durable import fsync_dir
+
 MARKER_SUFFIX = ".json"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -142,14 +144,6 @@ class Storage:
             dirs.add(os.path.dirname(local))
         for d in dirs:
             fsync_dir(d)
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Markers:

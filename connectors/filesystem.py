@@ -22,6 +22,7 @@ from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
+from connectors._durable import fsync_dir as _fsync_dir
 from connectors.config import ConfigDef, Importance, Type, non_empty, one_of
 from connectors.errors import FencedError, RetryableError
 from connectors.records import SinkRecord, TopicPartition, TxnManifest
@@ -29,14 +30,6 @@ from connectors.sink import BatchingSink
 
 _DATA = ".jsonl"
 _MANIFEST = ".manifest.json"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_durably(path: Path, data: bytes) -> None:

@@ -40,8 +40,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import urllib3
 
 from connectors.config import ConfigDef, Importance, Type, at_least, non_empty
-from connectors.errors import ConfigError, FatalError, FencedError, RecordError, RetryableError
-from connectors.records import SinkRecord, TxnManifest
+from connectors.errors import ConfigError, FatalError, FencedError, RetryableError
+from connectors.records import SinkRecord, TxnManifest, json_document
 from connectors.sink import BatchingSink
 
 COMPONENT = "http"
@@ -59,14 +59,7 @@ class CycleTimings:
 
 
 def json_value(r: SinkRecord) -> bytes:
-    """The record's value as one JSON document: the topic's bytes for objects and arrays."""
-    v = r.value
-    if r.raw_value is not None and isinstance(v, (dict, list)):
-        return r.raw_value
-    if isinstance(v, (bytes, bytearray)):
-        raise RecordError("value is raw bytes (value.converter=bytes); the HTTP sink sends JSON values",
-                          topic=r.topic, partition=r.partition, offset=r.offset, component=COMPONENT)
-    return json.dumps(v, separators=(",", ":")).encode()
+    return json_document(r, component=COMPONENT, needs="the HTTP sink sends JSON values")
 
 
 def encode_body(manifest: TxnManifest, records: list[SinkRecord]) -> bytes:

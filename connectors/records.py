@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from connectors.errors import RecordError
+
 #: Header set by ``spark_jobs`` on every outbox record: ``job/run/partition/sequence``.
 ID_HEADER = "eosink.id"
 #: Header carrying the Spark run id.
@@ -53,6 +55,19 @@ class SinkRecord:
     def record_id(self) -> str:
         """Stable id: the publisher's id header, else topic/partition/offset."""
         return self.header(ID_HEADER) or f"{self.topic}/{self.partition}/{self.offset}"
+
+
+def json_document(r: SinkRecord, *, component: str, needs: str) -> bytes:
+    """The record's value as one JSON document: the topic's own bytes for objects and arrays (no
+    re-encoding), compact JSON for anything else. Raw bytes (``value.converter=bytes``) have no
+    JSON form: a RecordError naming the record and ``needs`` (what the sink requires)."""
+    v = r.value
+    if r.raw_value is not None and isinstance(v, (dict, list)):
+        return r.raw_value
+    if isinstance(v, (bytes, bytearray)):
+        raise RecordError(f"value is raw bytes (value.converter=bytes); {needs}",
+                          topic=r.topic, partition=r.partition, offset=r.offset, component=component)
+    return json.dumps(v, separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,7 +57,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from connectors.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
 from connectors.errors import EosinkError, FatalError, FencedError, RecordError, RetryableError
-from connectors.records import PartitionRange, SinkRecord, TopicPartition, TxnManifest
+from connectors.records import PartitionRange, SinkRecord, TopicPartition, TxnManifest, json_document
 from connectors.sink import BatchingSink
 
 COMPONENT = "s3"
@@ -89,14 +89,7 @@ class CycleTimings:
 
 
 def json_line(r: SinkRecord) -> bytes:
-    """The record's value as one JSON document: the topic's bytes for objects and arrays."""
-    v = r.value
-    if r.raw_value is not None and isinstance(v, (dict, list)):
-        return r.raw_value
-    if isinstance(v, (bytes, bytearray)):
-        raise RecordError("value is raw bytes (value.converter=bytes); JSON output needs json or string values",
-                          topic=r.topic, partition=r.partition, offset=r.offset, component=COMPONENT)
-    return json.dumps(v, separators=(",", ":")).encode()
+    return json_document(r, component=COMPONENT, needs="JSON output needs json or string values")
 
 
 def encode_jsonl(records: list[SinkRecord]) -> bytes:
