@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.handlers.threading import KazooTimeoutError
@@ -33,7 +32,6 @@ class ZkSession:
         self.client = KazooClient(hosts=hosts, timeout=session_timeout)
         self._state = KazooState.LOST
         self._suspended_at: float | None = None
-        self._lost_listeners: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self._stopping = False
         self.client.add_listener(self._on_state)
@@ -55,9 +53,6 @@ class ZkSession:
         except Exception:  # noqa: BLE001 - shutting down
             pass
 
-    def on_lost(self, callback: Callable[[], None]) -> None:
-        self._lost_listeners.append(callback)
-
     def _on_state(self, state: str) -> None:
         # Runs on kazoo's thread: keep it short, never block.
         if self._stopping:
@@ -70,9 +65,6 @@ class ZkSession:
                 self._suspended_at = None
         if state != KazooState.CONNECTED:
             log.warning("zookeeper_state", state=state)
-        if state == KazooState.LOST:
-            for cb in list(self._lost_listeners):
-                cb()
 
     def can_decide(self) -> bool:
         return self._state == KazooState.CONNECTED and self.client.connected
