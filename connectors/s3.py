@@ -20,18 +20,22 @@ commit replayed after a crash - or a batch re-delivered by a new owner - overwri
 object with the same bytes instead of adding a duplicate. ``copy_object`` keeps the pending
 object's user metadata, which carries ``eosink-epoch`` and ``eosink-txn``.
 
-**Why a commit marker.** ``commit`` is: copy every object, raise the epoch objects, put
-``__commits__/<txn>`` with ``IfNoneMatch="*"``, delete the pending prefix (data first, manifest
-last). Once the marker exists the txn is committed whatever happens next: a second ``commit``
-(412 on the marker) and ``recover`` only finish the cleanup. Markers are tiny and kept as an
+**Why a commit marker.** ``commit`` is one round of requests in parallel: copy every object,
+raise the epoch objects, put ``__commits__/<txn>`` with ``IfNoneMatch="*"``. Once the marker
+exists the txn is committed whatever happens next: a second ``commit`` (412 on the marker) and
+``recover`` copy whatever is still pending - copies are idempotent, to deterministic keys - and
+clean up. The cleanup (delete the pending prefix, data first, manifest last, in one request)
+runs in the background once ``commit`` has returned: it only tidies a committed txn, and a
+crash before it ends is finished by ``recover`` like any other. Markers are tiny and kept as an
 audit trail; expire ``__commits__/`` with a bucket lifecycle rule if they pile up.
 
 **Visibility.** Each object appears atomically and complete; the objects of one txn appear one
 after the other within the commit (S3 cannot publish several keys at once). Readers list
 ``P/<connector>/`` and never ``__*`` prefixes.
 
-**The resource fence.** ``prepare`` reads ``__epochs__/...`` of every partition and raises
-:class:`~connectors.errors.FencedError` when the manifest's epoch is older. ``commit`` raises the
+**The resource fence.** ``prepare`` reads ``__epochs__/...`` of every partition (while the
+objects upload: they are invisible) and, when the manifest's epoch is older, deletes what it
+uploaded and raises :class:`~connectors.errors.FencedError` before the manifest exists. ``commit`` raises the
 stored epoch with a compare-and-set (``IfMatch`` on the ETag) so two writers never lower it.
 
 **Formats.** ``jsonl``: the record's JSON bytes as they were on the topic, one per line (values
@@ -42,6 +46,7 @@ union of the objects' fields), plus ``__topic``, ``__partition`` and ``__offset`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -51,6 +56,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote, unquote
 
 import boto3
+import structlog
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, IncompleteReadError, NoCredentialsError
 from botocore.exceptions import ConnectionError as BotoConnectionError
@@ -95,10 +101,12 @@ def json_line(r: SinkRecord) -> bytes:
 def encode_jsonl(records: list[SinkRecord]) -> bytes:
     fast = (dict, list)  # inlined fast path of json_line: this loop is most of the sink's CPU time
     lines = [r.raw_value if r.raw_value is not None and r.value.__class__ in fast else json_line(r) for r in records]
-    data = b"\n".join(lines) + b"\n"
-    if data.count(b"\n") != len(lines):  # pretty-printed JSON on the topic: keep one record per line
-        lines = [json.dumps(json.loads(x), separators=(",", ":")).encode() if b"\n" in x else x for x in lines]
-        data = b"\n".join(lines) + b"\n"
+    lines.append(b"")  # the last line's newline, without copying the whole object once more
+    data = b"\n".join(lines)
+    if data.count(b"\n") != len(lines) - 1:  # pretty-printed JSON on the topic: keep one record per line
+        lines = [json.dumps(json.loads(x), separators=(",", ":")).encode() if b"\n" in x else x for x in lines[:-1]]
+        lines.append(b"")
+        data = b"\n".join(lines)
     return data
 
 
@@ -170,6 +178,8 @@ class S3Sink(BatchingSink):
         self._prepared: dict[str, tuple[TxnManifest, str]] = {}
         # Lower bounds of the stored epochs (they only grow): commit skips raising what is high enough.
         self._epochs: dict[TopicPartition, int] = {}
+        # Background deletes of committed txns' pending prefixes (see commit).
+        self._cleanups: list[Future[None]] = []
         self.timings = CycleTimings()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -209,7 +219,8 @@ class S3Sink(BatchingSink):
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=True)  # background cleanups included
+            self._reap_cleanups()
             self._pool = None
         if self._client is not None:
             self._client.close()
@@ -237,8 +248,8 @@ class S3Sink(BatchingSink):
 
     # -- prepare ----------------------------------------------------------------------------
     def prepare_batch(self, manifest: TxnManifest, records: list[SinkRecord]) -> None:
-        """Fence reads run while the first object is encoded; each object uploads as soon as it
-        is encoded (the fence passed first); the manifest goes up after every object is in."""
+        """Fence reads and uploads run together (each object uploads as soon as it is encoded);
+        the manifest goes up only after the fence passed and every object is in."""
         t0 = time.perf_counter()
         txn, ext = manifest.txn_id, self.format
         groups: dict[tuple[str, int], list[SinkRecord]] = {r.tp: [] for r in manifest.ranges}
@@ -249,7 +260,9 @@ class S3Sink(BatchingSink):
             group.append(rec)
         encode = ENCODERS[self.format]
         meta_base = {"eosink-txn": quote(txn, safe=""), "eosink-connector": self.connector}
-        fence: list[Future[None]] | None = [self._submit(self._check_epoch, r) for r in manifest.ranges]
+        # Not waited for before uploading: pending objects are invisible, so a fenced prepare only
+        # has to delete them again, and an unfenced one (every one but a zombie's) saves a round trip.
+        fence = [self._submit(self._fence, manifest)]
         uploads: list[Future[None]] = []
         encode_s = 0.0
         try:
@@ -260,13 +273,19 @@ class S3Sink(BatchingSink):
                 if len(body) > MAX_OBJECT_BYTES:
                     raise FatalError(f"txn {txn}: {len(body)} bytes for {r.tp} exceed {MAX_OBJECT_BYTES} (S3's copy "
                                      "limit); lower batch.max.bytes", component=COMPONENT)
-                if fence is not None:
-                    _settle(fence)  # FencedError here: nothing uploaded
-                    fence = None
                 uploads.append(self._submit(self._upload, self._pending_key(txn, r, ext), body,
                                             {**meta_base, "eosink-epoch": str(r.epoch)}))
         finally:
-            _settle([*(fence or []), *uploads])  # nothing left in flight when this returns or raises
+            wait([*fence, *uploads])  # nothing left in flight when this returns or raises
+        try:
+            _settle(fence)
+        except FencedError:
+            try:
+                self._discard_pending(txn)  # a zombie leaves nothing behind
+            except EosinkError:
+                pass  # the engine aborts the txn next, which deletes the prefix again
+            raise
+        _settle(uploads)
         # Last: from here on the txn is prepared (recover lists it).
         mkey = self._pending_dir(txn) + MANIFEST
         self._call("put_object", mkey, Key=mkey, Body=manifest.to_json().encode(),
@@ -274,12 +293,30 @@ class S3Sink(BatchingSink):
         self._prepared[txn] = (manifest, ext)
         self.timings = CycleTimings(encode_ms=encode_s * 1000, prepare_ms=(time.perf_counter() - t0) * 1000)
 
-    def _check_epoch(self, r: PartitionRange) -> None:
-        seen, _ = self._stored_epoch(r.tp)
-        self._epochs[r.tp] = max(self._epochs.get(r.tp, -1), seen)
-        if r.epoch < seen:
-            raise FencedError(f"epoch {r.epoch} for {r.tp} is older than {seen} already committed "
-                              f"(s3://{self.bucket}/{self._epoch_key(r.tp)})", component=COMPONENT)
+    def _fence(self, manifest: TxnManifest) -> None:
+        """Refuse a prepare whose epoch is older than one already committed on any of its partitions.
+
+        One LIST of the connector's epoch objects instead of a GET per partition: a plain PUT's
+        ETag is the MD5 of its bytes, so an epoch object whose ETag is the MD5 of the epoch this
+        instance last saw there has not changed. Only the others are read (all of them where ETags
+        are not MD5s, e.g. under SSE-KMS: correct, just one GET each).
+        """
+        wanted = {self._epoch_key(r.tp): r for r in manifest.ranges}
+        etags = {o["Key"]: o.get("ETag", "").strip('"') for o in self._list(self._key("__epochs__", self.connector) + "/")
+                 if o["Key"] in wanted}
+        for key, r in wanted.items():
+            etag = etags.get(key)
+            known = self._epochs.get(r.tp)
+            if etag is None:
+                seen = -1
+            elif known is not None and etag == hashlib.md5(str(known).encode(), usedforsecurity=False).hexdigest():
+                seen = known
+            else:
+                seen, _ = self._stored_epoch(r.tp)
+            self._epochs[r.tp] = max(known if known is not None else -1, seen)
+            if r.epoch < seen:
+                raise FencedError(f"epoch {r.epoch} for {r.tp} is older than {seen} already committed "
+                                  f"(s3://{self.bucket}/{key})", component=COMPONENT)
 
     def _stored_epoch(self, tp: TopicPartition) -> tuple[int, str | None]:
         """(epoch, ETag) of the partition's epoch object; (-1, None) when there is none yet."""
@@ -319,26 +356,55 @@ class S3Sink(BatchingSink):
         if entry is None:
             return  # committed and cleaned up, aborted, or never prepared here: nothing to do
         manifest, ext = entry
-
-        def copy(r: PartitionRange) -> str | None:
-            src, dst = self._pending_key(txn_id, r, ext), self.final_key(r, ext)
-            done = self._call("copy_object", dst, Key=dst, CopySource={"Bucket": self.bucket, "Key": src}, none_on=MISSING)
-            return None if done is not None else src
-
-        missing = [k for k in self._parallel(copy, manifest.ranges) if k]
-        if missing:  # cleaned up by an earlier commit that then died, or lost
-            if not self._marker_exists(txn_id):
-                raise FatalError(f"commit {txn_id}: prepared object s3://{self.bucket}/{missing[0]} is missing and no "
-                                 "commit marker exists: the prepared batch is lost", component=COMPONENT)
-        else:
-            self._parallel(lambda r: self._raise_epoch(r.tp, r.epoch), manifest.ranges)
-            marker = self._marker_key(txn_id)
-            # None (412) = the marker exists: committed before, only the cleanup was left.
-            self._call("put_object", marker, Key=marker, Body=manifest.to_json().encode(),
-                       ContentType="application/json", IfNoneMatch="*", none_on=CONFLICT)
-        self._cleanup(txn_id, manifest, ext)
+        marker = self._marker_key(txn_id)
+        # The small requests first, so they do not queue behind the copies for a free connection.
+        # None (412) = the marker exists: committed before, at most the copies and cleanup were left.
+        mark = self._submit(lambda: self._call("put_object", marker, Key=marker, Body=manifest.to_json().encode(),
+                                               ContentType="application/json", IfNoneMatch="*", none_on=CONFLICT))
+        epochs = [self._submit(self._raise_epoch, r.tp, r.epoch) for r in manifest.ranges
+                  if self._epochs.get(r.tp, -1) < r.epoch]
+        copies = [self._submit(self._copy, txn_id, r, ext) for r in manifest.ranges]
+        wait([*copies, *epochs, mark])
+        created = mark.exception() is None and mark.result() is not None
+        # A failure below leaves the txn to a retried commit or to recover: copies are idempotent,
+        # and a marker, once there, says committed.
+        missing = [k for k in _settle(copies) if k]
+        if missing and created:  # gone without an earlier commit: lost, so this txn must not look committed
+            self._call("delete_objects", marker, Delete={"Objects": [{"Key": marker}], "Quiet": True})
+            raise FatalError(f"commit {txn_id}: prepared object s3://{self.bucket}/{missing[0]} is missing and no "
+                             "commit marker exists: the prepared batch is lost", component=COMPONENT)
+        _settle(epochs)
+        _settle([mark])
         self._prepared.pop(txn_id, None)
+        self._reap_cleanups()
+        self._cleanups.append(self._submit(self._cleanup, txn_id, manifest, ext))
         self.timings.commit_ms = (time.perf_counter() - t0) * 1000
+
+    def _copy(self, txn_id: str, r: PartitionRange, ext: str) -> str | None:
+        """Copy one pending object to its final key; its pending key when it is not there any more."""
+        src, dst = self._pending_key(txn_id, r, ext), self.final_key(r, ext)
+        done = self._call("copy_object", dst, Key=dst, CopySource={"Bucket": self.bucket, "Key": src}, none_on=MISSING)
+        return None if done is not None else src
+
+    def _finish(self, txn_id: str, manifest: TxnManifest, ext: str) -> None:
+        """Complete a txn whose marker exists: copy what is still pending, then clean up."""
+        self._parallel(lambda r: self._copy(txn_id, r, ext), manifest.ranges)
+        self._cleanup(txn_id, manifest, ext)
+
+    def _reap_cleanups(self, block: bool = False) -> None:
+        """Forget finished background cleanups (waiting for all with ``block``); a failed one is
+        logged: its txn is committed, and ``recover`` finishes the cleanup."""
+        if block:
+            wait(self._cleanups)
+        still: list[Future[None]] = []
+        for f in self._cleanups:
+            if not f.done():
+                still.append(f)
+            elif f.exception() is not None:
+                structlog.get_logger("eosink.s3").warning(
+                    "cleanup_failed", connector=self.connector, bucket=self.bucket, error=str(f.exception()),
+                    note="the txn is committed; recover deletes its pending prefix")
+        self._cleanups = still
 
     def _raise_epoch(self, tp: TopicPartition, epoch: int) -> None:
         """Compare-and-set the epoch object to ``max(stored, epoch)``; never lowers it."""
@@ -366,6 +432,11 @@ class S3Sink(BatchingSink):
         if self._txn_id == txn_id:
             self._batch = []
         self._prepared.pop(txn_id, None)
+        self._discard_pending(txn_id)
+
+    def _discard_pending(self, txn_id: str) -> None:
+        """Delete everything under the txn's pending prefix: unfinished multipart uploads, data
+        objects, and the manifest last (so a crash halfway leaves a prepared txn or an orphan)."""
         prefix = self._pending_dir(txn_id)
         uploads = self._call("list_multipart_uploads", prefix, Prefix=prefix).get("Uploads", [])
         for u in uploads:
@@ -375,6 +446,7 @@ class S3Sink(BatchingSink):
         self._delete([k for k in keys if k.endswith("/" + MANIFEST)])
 
     def recover(self) -> list[TxnManifest]:
+        self._reap_cleanups(block=True)  # not to race this instance's own background deletes
         out: list[TxnManifest] = []
         root = self._key("__pending__", self.connector) + "/"
         txn_dirs = [p["Prefix"] for page in self._pages(root, Delimiter="/") for p in page.get("CommonPrefixes", [])]
@@ -384,7 +456,7 @@ class S3Sink(BatchingSink):
             if entry is None:
                 self._collect_orphan(d)
             elif self._marker_exists(txn_id):
-                self._cleanup(txn_id, *entry)  # committed: only the cleanup was left
+                self._finish(txn_id, *entry)  # committed: copies and cleanup may be left
             else:
                 out.append(entry[0])
         return out

@@ -168,26 +168,38 @@ def test_worker_crash_between_prepare_and_commit_new_instance_recovers_exactly_t
 
 
 @pytest.mark.parametrize("then", ["commit retried", "recover"])
-def test_crash_after_the_commit_marker_is_finished_by_a_retried_commit_or_by_recover(make_sink, client, bucket, unique, monkeypatch, then):
+@pytest.mark.parametrize("crash", ["copies", "cleanup"])
+def test_crash_after_the_commit_marker_is_finished_by_a_retried_commit_or_by_recover(
+        make_sink, client, bucket, unique, monkeypatch, crash, then):
+    """The marker goes up together with the copies and the cleanup runs after commit returned:
+    a worker that dies with the marker written - copies unfinished, or cleanup not done - leaves
+    a committed txn that the next commit or recover completes, never a second copy of the data."""
     first = make_sink()
     prepare(first, f"{unique}.w.1.1", records("t", [{"n": 1}]))
 
     def die(*args: Any) -> None:
-        raise RetryableError("worker killed before the cleanup")
+        raise RetryableError(f"worker killed during the {crash}")
 
-    monkeypatch.setattr(first, "_cleanup", die)
-    with pytest.raises(RetryableError):
-        first.commit(f"{unique}.w.1.1")
+    monkeypatch.setattr(first, "_copy" if crash == "copies" else "_cleanup", die)
+    if crash == "copies":
+        with pytest.raises(RetryableError):
+            first.commit(f"{unique}.w.1.1")
+        assert visible(client, bucket, unique) == {}
+    else:
+        first.commit(f"{unique}.w.1.1")  # committed: the failed background cleanup is only logged
+        first.close()
+        assert len(visible(client, bucket, unique)) == 1
     assert keys(client, bucket, f"__commits__/{unique}/") and keys(client, bucket, "__pending__/")
     second = make_sink()
     if then == "commit retried":
-        second.commit(f"{unique}.w.1.1")  # the marker's 412 means "already committed": ok, and clean up
+        second.commit(f"{unique}.w.1.1")  # the marker's 412 means "already committed": finish and clean up
+        second.close()  # waits for the background cleanup
     else:
         assert second.recover() == []  # committed (the marker says so): not a prepared txn any more
     assert keys(client, bucket, "__pending__/") == []
     assert len(visible(client, bucket, unique)) == 1
-    assert second.recover() == []
-    second.commit(f"{unique}.w.1.1")
+    assert make_sink().recover() == []
+    make_sink().commit(f"{unique}.w.1.1")
 
 
 def test_commit_when_the_prepared_data_is_gone_and_no_marker_exists_is_fatal(make_sink, client, bucket, unique):
@@ -235,7 +247,7 @@ def test_engine_commit_failing_after_the_decision_is_committed_once_by_the_resta
 
 
 # -- the epoch fence ----------------------------------------------------------------------------
-def test_stale_epoch_prepare_is_refused_as_fenced_and_uploads_nothing(make_sink, client, bucket, unique):
+def test_stale_epoch_prepare_is_refused_as_fenced_and_leaves_nothing_pending(make_sink, client, bucket, unique):
     owner = make_sink()
     prepare(owner, f"{unique}.w.2.1", records("t", [{"n": 1}]), epoch=2)
     owner.commit(f"{unique}.w.2.1")
@@ -246,6 +258,23 @@ def test_stale_epoch_prepare_is_refused_as_fenced_and_uploads_nothing(make_sink,
     prepare(owner, f"{unique}.w.2.2", records("t", [{"n": 2}], start=1), epoch=2)  # the owner goes on
     owner.commit(f"{unique}.w.2.2")
     assert len(visible(client, bucket, unique)) == 2
+
+
+def test_zombie_that_saw_its_own_epoch_is_still_fenced_once_a_new_owner_raised_it(make_sink, client, bucket, unique):
+    """The fence lists the epoch objects and reads only those whose ETag is not the MD5 of the
+    epoch it last saw: an instance that committed at epoch 1 must still see the raise to 2."""
+    zombie = make_sink()
+    prepare(zombie, f"{unique}.w.1.1", records("t", [{"n": 1}]), epoch=1)
+    zombie.commit(f"{unique}.w.1.1")  # the zombie now knows epoch 1 is stored for t-0
+    owner = make_sink()
+    prepare(owner, f"{unique}.w.2.1", records("t", [{"n": 2}], start=1), epoch=2)
+    owner.commit(f"{unique}.w.2.1")
+    with pytest.raises(FencedError, match="epoch 1 for t-0 is older than 2"):
+        prepare(zombie, f"{unique}.w.1.2", records("t", [{"n": 3}], start=2), epoch=1)
+    assert zombie.recover() == [] and keys(client, bucket, "__pending__/") == []
+    prepare(owner, f"{unique}.w.2.2", records("t", [{"n": 3}], start=2), epoch=2)  # the owner's cached epoch is current
+    owner.commit(f"{unique}.w.2.2")
+    assert len(visible(client, bucket, unique)) == 3
 
 
 def test_epoch_object_is_raised_at_commit_and_never_lowered_by_an_older_decided_txn(make_sink, client, bucket, unique):
@@ -338,10 +367,12 @@ def test_missing_bucket_without_create_is_fatal_and_names_the_bucket(make_sink, 
 def test_s3_error_codes_map_to_outcome_classes_and_name_bucket_and_key(make_sink, bucket, unique, code, status, error, match):
     sink = make_sink()
     with Stubber(sink._client) as stubber:
-        stubber.add_client_error("get_object", service_error_code=code, http_status_code=status)
+        # The first request of a prepare is the fence's LIST of the epoch objects (the uploads that
+        # run alongside it find no stubbed answer and fail too; the fence's error is the one raised).
+        stubber.add_client_error("list_objects_v2", service_error_code=code, http_status_code=status)
         with pytest.raises(error, match=match) as err:
             prepare(sink, f"{unique}.w.1.1", records("t", [{"n": 1}]))
-    assert f"s3://{bucket}/__epochs__/{unique}/t-0" in str(err.value)
+    assert f"s3://{bucket}/__epochs__/{unique}/" in str(err.value)
 
 
 def test_secrets_are_masked_and_config_is_validated():
