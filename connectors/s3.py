@@ -47,7 +47,9 @@ union of the objects' fields), plus ``__topic``, ``__partition`` and ``__offset`
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import operator
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -69,6 +71,8 @@ from connectors.sink import BatchingSink
 COMPONENT = "s3"
 MIB = 1024 * 1024
 MANIFEST = "_manifest.json"
+#: Threads for the small requests (fence listing, commit marker, epoch raises, cleanup).
+BOOKKEEPING_THREADS = 2
 #: copy_object's limit; a partition's batch is bounded far below it by ``batch.max.bytes``.
 MAX_OBJECT_BYTES = 5 * 1024 * MIB
 #: Age after which a pending prefix without a manifest is garbage, not a prepare in flight.
@@ -98,9 +102,18 @@ def json_line(r: SinkRecord) -> bytes:
     return json_document(r, component=COMPONENT, needs="JSON output needs json or string values")
 
 
+_raw_value = operator.attrgetter("raw_value")
+_value = operator.attrgetter("value")
+_CONTAINERS = (dict, list)
+
+
 def encode_jsonl(records: list[SinkRecord]) -> bytes:
-    fast = (dict, list)  # inlined fast path of json_line: this loop is most of the sink's CPU time
-    lines = [r.raw_value if r.raw_value is not None and r.value.__class__ in fast else json_line(r) for r in records]
+    # The usual batch - JSON objects or arrays, each with its bytes from the topic - is checked and
+    # gathered by C loops (map/all), not a Python step per record: this is most of the sink's CPU time.
+    lines = list(map(_raw_value, records))
+    if None in lines or not all(map(isinstance, map(_value, records), itertools.repeat(_CONTAINERS))):
+        fast = (dict, list)
+        lines = [r.raw_value if r.raw_value is not None and r.value.__class__ in fast else json_line(r) for r in records]
     lines.append(b"")  # the last line's newline, without copying the whole object once more
     data = b"\n".join(lines)
     if data.count(b"\n") != len(lines) - 1:  # pretty-printed JSON on the topic: keep one record per line
@@ -161,7 +174,8 @@ class S3Sink(BatchingSink):
         .define("s3.bucket.create", Type.BOOLEAN, True, "Create the bucket at start when it is missing.")
         .define("s3.max.attempts", Type.INT, 5, "Attempts per request (botocore retries throttling, 5xx and connection "
                 "errors with backoff); then the cycle fails as retryable.", validator=at_least(1))
-        .define("s3.max.concurrency", Type.INT, 4, "Requests in flight at once within a cycle (one per partition).",
+        .define("s3.max.concurrency", Type.INT, 4, "Data requests (uploads, copies) in flight at once within a cycle, "
+                "one object per partition; two more threads carry the small bookkeeping requests.",
                 validator=at_least(1))
     )
 
@@ -173,7 +187,8 @@ class S3Sink(BatchingSink):
         self.format: str = c["format"]
         self.part_size: int = int(c["s3.part.size"])
         self._client: Any = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: ThreadPoolExecutor | None = None  # data: uploads and copies
+        self._small: ThreadPoolExecutor | None = None  # bookkeeping: fence, marker, epochs, cleanup
         # Prepared by this instance: commit skips reading the manifest back.
         self._prepared: dict[str, tuple[TxnManifest, str]] = {}
         # Lower bounds of the stored epochs (they only grow): commit skips raising what is high enough.
@@ -189,7 +204,7 @@ class S3Sink(BatchingSink):
         conc = int(c["s3.max.concurrency"])
         boto_config = Config(
             retries={"max_attempts": int(c["s3.max.attempts"]), "mode": "standard"},
-            connect_timeout=10, read_timeout=60, max_pool_connections=max(10, conc),
+            connect_timeout=10, read_timeout=60, max_pool_connections=max(10, conc + BOOKKEEPING_THREADS),
             s3={"addressing_style": "path" if c["s3.path.style.access"] else "auto"},
         )
         if self._client is not None:  # opened again (a restarted task): start from a fresh client
@@ -200,6 +215,8 @@ class S3Sink(BatchingSink):
             aws_session_token=c["aws.session.token"] or None, config=boto_config,
         )
         self._pool = self._pool or ThreadPoolExecutor(conc, thread_name_prefix=f"s3-{self.connector}")
+        # Small requests get threads of their own, so they never queue behind megabytes of data.
+        self._small = self._small or ThreadPoolExecutor(BOOKKEEPING_THREADS, thread_name_prefix=f"s3-{self.connector}-small")
         try:
             self._client.head_bucket(Bucket=self.bucket)
         except ClientError as exc:
@@ -218,8 +235,11 @@ class S3Sink(BatchingSink):
             raise self._error(exc, "head_bucket", None) from exc
 
     def close(self) -> None:
+        if self._small is not None:
+            self._small.shutdown(wait=True)  # background cleanups included
+            self._small = None
         if self._pool is not None:
-            self._pool.shutdown(wait=True)  # background cleanups included
+            self._pool.shutdown(wait=True)
             self._reap_cleanups()
             self._pool = None
         if self._client is not None:
@@ -262,7 +282,7 @@ class S3Sink(BatchingSink):
         meta_base = {"eosink-txn": quote(txn, safe=""), "eosink-connector": self.connector}
         # Not waited for before uploading: pending objects are invisible, so a fenced prepare only
         # has to delete them again, and an unfenced one (every one but a zombie's) saves a round trip.
-        fence = [self._submit(self._fence, manifest)]
+        fence = [self._submit_small(self._fence, manifest)]
         uploads: list[Future[None]] = []
         encode_s = 0.0
         try:
@@ -359,9 +379,9 @@ class S3Sink(BatchingSink):
         marker = self._marker_key(txn_id)
         # The small requests first, so they do not queue behind the copies for a free connection.
         # None (412) = the marker exists: committed before, at most the copies and cleanup were left.
-        mark = self._submit(lambda: self._call("put_object", marker, Key=marker, Body=manifest.to_json().encode(),
+        mark = self._submit_small(lambda: self._call("put_object", marker, Key=marker, Body=manifest.to_json().encode(),
                                                ContentType="application/json", IfNoneMatch="*", none_on=CONFLICT))
-        epochs = [self._submit(self._raise_epoch, r.tp, r.epoch) for r in manifest.ranges
+        epochs = [self._submit_small(self._raise_epoch, r.tp, r.epoch) for r in manifest.ranges
                   if self._epochs.get(r.tp, -1) < r.epoch]
         copies = [self._submit(self._copy, txn_id, r, ext) for r in manifest.ranges]
         wait([*copies, *epochs, mark])
@@ -377,7 +397,7 @@ class S3Sink(BatchingSink):
         _settle([mark])
         self._prepared.pop(txn_id, None)
         self._reap_cleanups()
-        self._cleanups.append(self._submit(self._cleanup, txn_id, manifest, ext))
+        self._cleanups.append(self._submit_small(self._cleanup, txn_id, manifest, ext))
         self.timings.commit_ms = (time.perf_counter() - t0) * 1000
 
     def _copy(self, txn_id: str, r: PartitionRange, ext: str) -> str | None:
@@ -512,9 +532,13 @@ class S3Sink(BatchingSink):
                 raise RetryableError(f"delete s3://{self.bucket}/{e.get('Key')} failed: {e.get('Code')} {e.get('Message')}",
                                      component=COMPONENT)
 
-    def _submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
-        if self._pool is not None:
-            return self._pool.submit(fn, *args)
+    def _submit_small(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        return self._submit(fn, *args, pool=self._small)
+
+    def _submit(self, fn: Callable[..., T], *args: Any, pool: ThreadPoolExecutor | None = None) -> Future[T]:
+        pool = pool or self._pool
+        if pool is not None:
+            return pool.submit(fn, *args)
         done: Future[T] = Future()
         try:
             done.set_result(fn(*args))
