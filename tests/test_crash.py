@@ -1,5 +1,6 @@
 """Process-level crash tests: a real worker is SIGKILLed at each step of the commit cycle
-(``EOSINK_FAULT``), restarted, and the sinks are counted: every committed outbox record exactly
+(``EOSINK_FAULT``), restarted, and the sinks (PostgreSQL, files and S3 behind one fan-out
+connector) are counted: every committed outbox record exactly
 once, nothing from aborted Kafka transactions, no prepared transaction left unresolved.
 """
 
@@ -9,6 +10,7 @@ import json
 import signal
 from pathlib import Path
 
+import boto3
 import pytest
 
 from tests.procs import WorkerProcess, publish, register, wait_until
@@ -22,6 +24,23 @@ def _fs_ids(root: Path) -> list[str]:
     ids = []
     for f in sorted((root / "committed").glob("*.jsonl")):
         ids.extend(json.loads(line)["value"]["id"] for line in f.read_text().splitlines() if line)
+    return ids
+
+
+def _s3_keys(client, bucket: str, prefix: str) -> list[str]:
+    try:
+        pages = list(client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix))
+    except client.exceptions.NoSuchBucket:
+        return []
+    return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+
+def _s3_ids(client, bucket: str, connector: str) -> list[str]:
+    """What a reader of the S3 sink sees: the JSON Lines objects under <connector>/."""
+    ids = []
+    for key in _s3_keys(client, bucket, connector + "/"):
+        body = client.get_object(Bucket=bucket, Key=key)["Body"].read().decode()
+        ids.extend(json.loads(line)["id"] for line in body.splitlines() if line)
     return ids
 
 
@@ -43,12 +62,18 @@ def test_worker_killed_at_step_delivers_exactly_once_after_restart(point, stack,
     topic = make_topic(PARTITIONS)
     connector = unique.replace("_", "-")
     out = tmp_path / "out"
+    s3 = boto3.client("s3", **stack.s3)
+    bucket = connector[:63].strip("-")
     committed, aborted = publish(stack.kafka_bootstrap, topic, PARTITIONS, txns=12, per_txn=250, aborted_every=4)
     register(stack.zookeeper_hosts, unique, connector, {
-        "connector.class": "fanout", "topics": topic, "sinks": "db,files",
+        "connector.class": "fanout", "topics": topic, "sinks": "db,files,archive",
         "sinks.db.connector.class": "postgres", "sinks.db.connection.url": stack.postgres_dsn,
         "sinks.db.table.name.format": unique,
         "sinks.files.connector.class": "filesystem", "sinks.files.file.path": str(out),
+        "sinks.archive.connector.class": "s3", "sinks.archive.s3.bucket.name": bucket,
+        "sinks.archive.s3.endpoint.url": stack.s3["endpoint_url"], "sinks.archive.s3.region": stack.s3["region_name"],
+        "sinks.archive.aws.access.key.id": stack.s3["aws_access_key_id"],
+        "sinks.archive.aws.secret.access.key": stack.s3["aws_secret_access_key"],
         "commit.interval.ms": "200", "batch.max.records": "400",
     })
     # The 2nd time the point is reached, so that some cycles have committed before the crash.
@@ -64,13 +89,16 @@ def test_worker_killed_at_step_delivers_exactly_once_after_restart(point, stack,
 
     second = WorkerProcess(stack, unique, "w-restarted", tmp_path)
     try:
-        wait_until(lambda: len(_fs_ids(out / connector)) >= len(committed) and len(_pg_ids(pg, unique)) >= len(committed),
+        wait_until(lambda: len(_fs_ids(out / connector)) >= len(committed) and len(_pg_ids(pg, unique)) >= len(committed)
+                   and len(_s3_ids(s3, bucket, connector)) >= len(committed),
                    120, f"delivery of {len(committed)} records after the restart")
     finally:
         assert second.stop() == 0, second.log_text()[-3000:]
 
-    for name, ids in (("postgres", _pg_ids(pg, unique)), ("filesystem", _fs_ids(out / connector))):
+    for name, ids in (("postgres", _pg_ids(pg, unique)), ("filesystem", _fs_ids(out / connector)),
+                      ("s3", _s3_ids(s3, bucket, connector))):
         assert len(ids) == len(set(ids)), f"{name}: duplicates after a crash at {point}"
         assert set(ids) == committed, f"{name}: missing {len(committed - set(ids))}, from aborted {len(set(ids) & aborted)}"
     assert not list((out / connector / "prepared").glob("*.jsonl")), "filesystem: a prepared txn was left"
     assert _pg_prepared(pg, connector) == [], "postgres: a prepared txn was left"
+    assert _s3_keys(s3, bucket, f"__pending__/{connector}/") == [], "s3: a prepared txn or its leftovers were left"
