@@ -30,6 +30,8 @@ from connectors.sink import BatchingSink
 
 _DATA = ".jsonl"
 _MANIFEST = ".manifest.json"
+#: Records encoded and written at a time (see FilesystemSink._write_batch).
+_SLICE = 20_000
 
 
 def _write_durably(path: Path, data: bytes) -> None:
@@ -81,12 +83,32 @@ class FilesystemSink(BatchingSink):
             return  # already prepared or committed: idempotent
         self._check_epochs(manifest)
         try:
-            self._write(data_path, self._encode(records))
+            self._write_batch(data_path, records)
             self._write(self.prepared_dir / (name + _MANIFEST), manifest.to_json().encode())
             if self.fsync:
                 _fsync_dir(self.prepared_dir)
         except OSError as exc:
             raise RetryableError(f"prepare {manifest.txn_id} failed: {exc}", component="filesystem") from exc
+
+    def _write_batch(self, path: Path, records: list[SinkRecord]) -> None:
+        """Encode and write the batch a slice at a time, asking the kernel to start writing each
+        slice to disk at once (``POSIX_FADV_DONTNEED`` starts writeback of dirty pages): the disk
+        works while the next slice is encoded, and the final fsync waits only for the tail,
+        instead of encoding everything and then waiting for all of it."""
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            fd, written = f.fileno(), 0
+            for i in range(0, len(records), _SLICE):
+                data = self._encode(records[i:i + _SLICE])
+                f.write(data)
+                if self.fsync:
+                    f.flush()
+                    os.posix_fadvise(fd, written, len(data), os.POSIX_FADV_DONTNEED)
+                written += len(data)
+            f.flush()
+            if self.fsync:
+                os.fsync(fd)
+        os.replace(tmp, path)
 
     def _write(self, path: Path, data: bytes) -> None:
         if self.fsync:

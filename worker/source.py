@@ -6,11 +6,12 @@ can drive the same commit cycle from an in-memory source.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -132,6 +133,21 @@ def _pause_gc() -> None:
             if _gc_disabled_here:
                 gc.disable()
         _gc_holders += 1
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The collector paused for a block (nested and concurrent uses count; see :func:`_pause_gc`).
+
+    The task holds it for a whole cycle: the batch - hundreds of thousands of containers - is
+    created by the poll and freed by reference counting when the cycle ends, so a collection in
+    between (the first allocation after the poll would start one) would only walk it for nothing.
+    Whatever cycles the sinks' clients create meanwhile are collected right after the cycle."""
+    _pause_gc()
+    try:
+        yield
+    finally:
+        _resume_gc()
 
 
 def _resume_gc() -> None:

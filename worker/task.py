@@ -58,7 +58,7 @@ from worker import metrics
 from worker.decision import DecisionLog, Grant, PartitionsFenced
 from worker.faults import FAULTS
 from worker.logging import get_logger
-from worker.source import Batch, FailedRecord, RecordSource
+from worker.source import Batch, FailedRecord, RecordSource, gc_paused
 
 log = get_logger("worker.task")
 
@@ -384,9 +384,10 @@ class SinkTask:
                 self._position()
             if not self.active_partitions():
                 return CycleResult(CycleOutcome.EMPTY)
-            result = self._cycle()
-            while result.redo:  # one more rejected record is known now: deliver the rest without it
+            with gc_paused():  # a batch is born and dies within its cycle: no collector pass over it
                 result = self._cycle()
+                while result.redo:  # one more rejected record is known now: deliver the rest without it
+                    result = self._cycle()
             return result
 
     def _cycle(self) -> CycleResult:
