@@ -238,7 +238,7 @@ class KafkaSource:
 
         for topic in sorted(topics - self._known_topics):
             try:
-                self.consumer.list_topics(topic, timeout=5)
+                self.consumer.list_topics(topic, timeout=2)
                 self._known_topics.add(topic)
             except KafkaException:
                 pass  # assign anyway: librdkafka learns the leaders on its own, only later
