@@ -113,6 +113,11 @@ CONVERTERS: dict[str, Callable[[bytes | None], Any]] = {"json": _json, "string":
 _gc_lock = threading.Lock()
 _gc_holders = 0
 _gc_disabled_here = False
+_gc_paused_since = 0.0
+#: Several task threads whose pauses overlap could keep the collector off indefinitely, and the
+#: cycles other threads make (REST requests, ZooKeeper callbacks, sink clients) would pile up: once
+#: it has been off this long, the next pause runs one collection first.
+GC_MAX_PAUSE_S = 10.0
 
 
 def _pause_gc() -> None:
@@ -126,12 +131,17 @@ def _pause_gc() -> None:
     frees everything; the collector runs again as soon as the last concurrent poll (one per task
     thread) is done, and collects whatever cycles other threads made meanwhile.
     """
-    global _gc_holders, _gc_disabled_here
+    global _gc_holders, _gc_disabled_here, _gc_paused_since
     with _gc_lock:
+        now = time.monotonic()
         if _gc_holders == 0:
             _gc_disabled_here = gc.isenabled()
             if _gc_disabled_here:
                 gc.disable()
+                _gc_paused_since = now
+        elif _gc_disabled_here and now - _gc_paused_since > GC_MAX_PAUSE_S:
+            gc.collect()  # off for too long under overlapping pauses: collect once, stay paused
+            _gc_paused_since = time.monotonic()
         _gc_holders += 1
 
 
