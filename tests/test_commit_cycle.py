@@ -172,3 +172,31 @@ def test_prepare_with_stale_epoch_is_refused_by_the_resource(rig):
     sink.begin_transaction("stale")
     with pytest.raises(FencedError):
         sink.pre_commit(TxnManifest("stale", "c", (PartitionRange("outbox", 0, 10, 10, old.grants[TP].epoch),)))
+
+
+class RewindingSource(ListSource):
+    """A consumer that, once, serves a partition again from its start after delivering part of it:
+    what librdkafka did once after an assignment change in the rolling-restart test."""
+
+    def __init__(self, data) -> None:
+        super().__init__(data)
+        self.rewinds_left = 1
+
+    def poll_batch(self, max_records, max_bytes, timeout_s):
+        if self.rewinds_left and any(pos > 0 for pos in self.positions.values()):
+            self.rewinds_left -= 1
+            self.positions = {tp: 0 for tp in self.positions}
+        return super().poll_batch(max_records, max_bytes, timeout_s)
+
+
+def test_consumer_going_back_behind_the_decision_is_refused_not_delivered_twice(rig):
+    task = SinkTask("c", "w1", [FailingSink("c", rig.stores["a"], rig.plan, "a")], RewindingSource(rig.data), rig.log,
+                    TaskSettings(commit_interval_s=0, max_records=4), sleep=lambda _s: None)
+    task.open()
+    task.assign([TP])
+    assert task.run_cycle().outcome is CycleOutcome.SUCCEEDED  # offsets 0-3, decided
+    r = task.run_cycle()  # the consumer serves 0-3 again
+    assert r.outcome is CycleOutcome.ABORTED and "went back" in str(r.error)
+    while task.run_cycle().outcome is CycleOutcome.SUCCEEDED:
+        pass
+    assert rig.visible("a") == list(range(10)) and rig.prepared("a") == []

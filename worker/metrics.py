@@ -22,6 +22,8 @@ UNRESOLVED = Gauge(
 )
 LAG = Gauge("eosink_consumer_lag", "Records behind the high watermark, per partition.", ["connector", "topic", "partition"])
 FENCED = Counter("eosink_fenced_attempts_total", "Decisions refused because a newer epoch owns a partition.", ["connector"])
+STALE_BATCHES = Counter("eosink_stale_batches_total", "Batches refused because the consumer went back behind the decision log.",
+                        ["connector"])
 RECOVERED = Counter("eosink_recovered_txns_total", "Prepared transactions resolved by recovery.", ["connector", "action"])
 TASK_FAILED = Gauge("eosink_task_failed", "1 while the connector's task on this worker is FAILED.", ["connector"])
 DEAD_LETTERED = Counter("eosink_records_dead_lettered_total", "Bad records written to the dead-letter topic.", ["connector"])

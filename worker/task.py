@@ -50,6 +50,7 @@ from connectors.errors import (
     FencedError,
     Outcome,
     RecordError,
+    RetryableError,
     outcome_of,
 )
 from connectors.records import PartitionRange, SinkRecord, TopicPartition, TxnManifest
@@ -415,12 +416,13 @@ class SinkTask:
                     self._fail(batch.error)
                     return CycleResult(CycleOutcome.FATAL, txn_id, error=batch.error)
                 return CycleResult(CycleOutcome.EMPTY, txn_id)
+            ranges, counts = _ranges(records, self.grants, failed)
+            self._check_not_behind(ranges)
             for sink in self.sinks:
                 sink.write(records)
             if failed:
                 self._tolerate(failed, txn_id)
             # -- prepare ------------------------------------------------------------------------
-            ranges, counts = _ranges(records, self.grants, failed)
             manifest = TxnManifest(txn_id, self.connector, ranges)
             t_prepare = time.monotonic()
             for i, sink in enumerate(self.sinks):
@@ -496,6 +498,24 @@ class SinkTask:
             self._fail(batch.error)
             return CycleResult(CycleOutcome.FATAL, txn_id, n, nbytes, error=batch.error)
         return CycleResult(CycleOutcome.SUCCEEDED, txn_id, n, nbytes)
+
+    def _check_not_behind(self, ranges: Sequence[PartitionRange]) -> None:
+        """Refuse a batch that starts before what the decision log already holds for a partition.
+
+        The decision's compare-and-set fences other owners, not this one: if the consumer ever
+        handed over records this owner has already decided, deciding them again would deliver
+        them twice. It happened once in a rolling-restart test: after an assignment change the
+        consumer served a partition again from its first assignment's logical offset
+        (OFFSET_BEGINNING) instead of the offset just assigned. Aborting repositions the consumer
+        at the decision (``_position``) and the cycle reads on from there."""
+        behind = [(r, self.grants[r.tp].next_offset) for r in ranges
+                  if self.grants[r.tp].next_offset is not None and r.first_offset < self.grants[r.tp].next_offset]
+        if behind:
+            r, decided = behind[0]
+            metrics.STALE_BATCHES.labels(self.connector).inc()
+            raise RetryableError(f"the consumer went back on {r.tp}: it handed over offset {r.first_offset}, but the "
+                                 f"decision log already holds everything before {decided}; repositioning at the decision",
+                                 component="kafka-consumer")
 
     def _split(self, batch: Batch) -> tuple[list[SinkRecord], list[FailedRecord]]:
         """The records for the sinks, and the bad ones: undecodable, or rejected by a sink before."""
