@@ -28,20 +28,9 @@ test: stack
 # Benchmarks (ratios against a baseline measured in the same script): `make bench-worker`, ...
 BENCHES := bench-worker bench-cluster bench-postgres bench-s3 bench-http bench-iceberg bench-spark
 bench: $(BENCHES)
-bench-worker: stack
-	$(PY) bench/bench_worker.py $(BENCH_ARGS)
-bench-cluster: stack
-	$(PY) bench/bench_cluster.py $(BENCH_ARGS)
-bench-postgres: stack
-	$(PY) bench/bench_postgres_sink.py $(BENCH_ARGS)
-bench-s3: stack
-	$(PY) bench/bench_s3_sink.py $(BENCH_ARGS)
-bench-http: stack
-	$(PY) bench/bench_http_sink.py $(BENCH_ARGS)
-bench-iceberg: stack
-	$(PY) bench/bench_iceberg_sink.py $(BENCH_ARGS)
-bench-spark: stack
-	$(PY) bench/bench_spark_publisher.py $(BENCH_ARGS)
+# bench-X runs bench/bench_X.py, bench/bench_X_sink.py or bench/bench_X_publisher.py, whichever exists.
+$(BENCHES): bench-%: stack
+	$(PY) $(firstword $(wildcard bench/bench_$*.py bench/bench_$*_sink.py bench/bench_$*_publisher.py)) $(BENCH_ARGS)
 
 down:
 	-test -x $(EOSINK) && $(EOSINK) stack down

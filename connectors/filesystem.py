@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
@@ -30,16 +30,28 @@ from connectors.sink import BatchingSink
 
 _DATA = ".jsonl"
 _MANIFEST = ".manifest.json"
-#: Records encoded and written at a time (see FilesystemSink._write_batch).
+#: Records encoded and written at a time (see _write_durably).
 _SLICE = 20_000
 
 
-def _write_durably(path: Path, data: bytes) -> None:
+def _write_durably(path: Path, chunks: Iterable[bytes], *, fsync: bool = True) -> None:
+    """Write ``chunks`` to a temporary file, fsync it (with ``fsync``) and rename it into place.
+
+    Each chunk is handed to the kernel's writeback as soon as it is written (``POSIX_FADV_DONTNEED``
+    starts writeback of dirty pages): for a batch encoded slice by slice (a generator), the disk
+    works while the next slice is encoded and the final fsync waits only for the tail."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
-        f.write(data)
+        fd, written = f.fileno(), 0
+        for data in chunks:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.posix_fadvise(fd, written, len(data), os.POSIX_FADV_DONTNEED)
+            written += len(data)
         f.flush()
-        os.fsync(f.fileno())
+        if fsync:
+            os.fsync(fd)
     os.replace(tmp, path)
 
 
@@ -83,36 +95,17 @@ class FilesystemSink(BatchingSink):
             return  # already prepared or committed: idempotent
         self._check_epochs(manifest)
         try:
-            self._write_batch(data_path, records)
+            _write_durably(data_path, (self._encode(records[i:i + _SLICE]) for i in range(0, len(records), _SLICE)),
+                           fsync=self.fsync)
             self._write(self.prepared_dir / (name + _MANIFEST), manifest.to_json().encode())
             if self.fsync:
                 _fsync_dir(self.prepared_dir)
         except OSError as exc:
             raise RetryableError(f"prepare {manifest.txn_id} failed: {exc}", component="filesystem") from exc
 
-    def _write_batch(self, path: Path, records: list[SinkRecord]) -> None:
-        """Encode and write the batch a slice at a time, asking the kernel to start writing each
-        slice to disk at once (``POSIX_FADV_DONTNEED`` starts writeback of dirty pages): the disk
-        works while the next slice is encoded, and the final fsync waits only for the tail,
-        instead of encoding everything and then waiting for all of it."""
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            fd, written = f.fileno(), 0
-            for i in range(0, len(records), _SLICE):
-                data = self._encode(records[i:i + _SLICE])
-                f.write(data)
-                if self.fsync:
-                    f.flush()
-                    os.posix_fadvise(fd, written, len(data), os.POSIX_FADV_DONTNEED)
-                written += len(data)
-            f.flush()
-            if self.fsync:
-                os.fsync(fd)
-        os.replace(tmp, path)
-
     def _write(self, path: Path, data: bytes) -> None:
         if self.fsync:
-            _write_durably(path, data)
+            _write_durably(path, (data,))
         else:
             path.write_bytes(data)
 

@@ -33,10 +33,11 @@ audit trail; expire ``__commits__/`` with a bucket lifecycle rule if they pile u
 after the other within the commit (S3 cannot publish several keys at once). Readers list
 ``P/<connector>/`` and never ``__*`` prefixes.
 
-**The resource fence.** ``prepare`` reads ``__epochs__/...`` of every partition (while the
-objects upload: they are invisible) and, when the manifest's epoch is older, deletes what it
-uploaded and raises :class:`~connectors.errors.FencedError` before the manifest exists. ``commit`` raises the
-stored epoch with a compare-and-set (``IfMatch`` on the ETag) so two writers never lower it.
+**The resource fence.** ``prepare`` lists ``__epochs__/...`` (while the objects upload: they are
+invisible) and, when the manifest's epoch is older than one stored for its partitions, deletes
+what it uploaded and raises :class:`~connectors.errors.FencedError` before the manifest exists.
+``commit`` raises the stored epoch with a compare-and-set (``IfMatch`` on the ETag) so two
+writers never lower it.
 
 **Formats.** ``jsonl``: the record's JSON bytes as they were on the topic, one per line (values
 containing a line break are re-encoded compactly; non-JSON string values are JSON-quoted).
@@ -112,8 +113,7 @@ def encode_jsonl(records: list[SinkRecord]) -> bytes:
     # gathered by C loops (map/all), not a Python step per record: this is most of the sink's CPU time.
     lines = list(map(_raw_value, records))
     if None in lines or not all(map(isinstance, map(_value, records), itertools.repeat(_CONTAINERS))):
-        fast = (dict, list)
-        lines = [r.raw_value if r.raw_value is not None and r.value.__class__ in fast else json_line(r) for r in records]
+        lines = [json_line(r) for r in records]
     lines.append(b"")  # the last line's newline, without copying the whole object once more
     data = b"\n".join(lines)
     if data.count(b"\n") != len(lines) - 1:  # pretty-printed JSON on the topic: keep one record per line
@@ -238,9 +238,9 @@ class S3Sink(BatchingSink):
         if self._small is not None:
             self._small.shutdown(wait=True)  # background cleanups included
             self._small = None
+            self._reap_cleanups()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-            self._reap_cleanups()
             self._pool = None
         if self._client is not None:
             self._client.close()
@@ -333,7 +333,7 @@ class S3Sink(BatchingSink):
                 seen = known
             else:
                 seen, _ = self._stored_epoch(r.tp)
-            self._epochs[r.tp] = max(known if known is not None else -1, seen)
+            self._epochs[r.tp] = max(self._epochs.get(r.tp, -1), seen)
             if r.epoch < seen:
                 raise FencedError(f"epoch {r.epoch} for {r.tp} is older than {seen} already committed "
                                   f"(s3://{self.bucket}/{key})", component=COMPONENT)
@@ -381,8 +381,7 @@ class S3Sink(BatchingSink):
         # None (412) = the marker exists: committed before, at most the copies and cleanup were left.
         mark = self._submit_small(lambda: self._call("put_object", marker, Key=marker, Body=manifest.to_json().encode(),
                                                ContentType="application/json", IfNoneMatch="*", none_on=CONFLICT))
-        epochs = [self._submit_small(self._raise_epoch, r.tp, r.epoch) for r in manifest.ranges
-                  if self._epochs.get(r.tp, -1) < r.epoch]
+        epochs = [self._submit_small(self._raise_epoch, r.tp, r.epoch) for r in manifest.ranges]
         copies = [self._submit(self._copy, txn_id, r, ext) for r in manifest.ranges]
         wait([*copies, *epochs, mark])
         created = mark.exception() is None and mark.result() is not None

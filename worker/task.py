@@ -508,14 +508,13 @@ class SinkTask:
         consumer served a partition again from its first assignment's logical offset
         (OFFSET_BEGINNING) instead of the offset just assigned. Aborting repositions the consumer
         at the decision (``_position``) and the cycle reads on from there."""
-        behind = [(r, self.grants[r.tp].next_offset) for r in ranges
-                  if self.grants[r.tp].next_offset is not None and r.first_offset < self.grants[r.tp].next_offset]
-        if behind:
-            r, decided = behind[0]
-            metrics.STALE_BATCHES.labels(self.connector).inc()
-            raise RetryableError(f"the consumer went back on {r.tp}: it handed over offset {r.first_offset}, but the "
-                                 f"decision log already holds everything before {decided}; repositioning at the decision",
-                                 component="kafka-consumer")
+        for r in ranges:
+            decided = self.grants[r.tp].next_offset
+            if decided is not None and r.first_offset < decided:
+                metrics.STALE_BATCHES.labels(self.connector).inc()
+                raise RetryableError(f"the consumer went back on {r.tp}: it handed over offset {r.first_offset}, but the "
+                                     f"decision log already holds everything before {decided}; repositioning at the decision",
+                                     component="kafka-consumer")
 
     def _split(self, batch: Batch) -> tuple[list[SinkRecord], list[FailedRecord]]:
         """The records for the sinks, and the bad ones: undecodable, or rejected by a sink before."""
