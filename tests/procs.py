@@ -118,3 +118,53 @@ def register(zk_hosts: str, cluster: str, name: str, config: dict) -> None:
         ConnectorStore(session).put(name, config)
     finally:
         session.stop()
+
+
+class RecordingMoto:
+    """moto's S3 server with its request recorder on, so that a restart keeps the data.
+
+    moto keeps objects in memory: killing it is a wipe. With ``MOTO_ENABLE_RECORDING`` it appends
+    every request to a log before serving it, and ``start()`` after a kill replays that log into the
+    new process (``/moto-api/recorder/replay-recording``), the way a server rebuilds its state from
+    a write-ahead log. Slow for large bodies (each is logged base64), so only the restart tests use it.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.recording = directory / "moto-recording.jsonl"
+        self.log_path = directory / "moto.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def endpoint(self) -> dict[str, str]:
+        return {"endpoint_url": self.url, "aws_access_key_id": "testing", "aws_secret_access_key": "testing",
+                "region_name": "us-east-1"}
+
+    def start(self) -> "RecordingMoto":
+        import urllib.request
+
+        env = {**os.environ, "MOTO_ENABLE_RECORDING": "True", "MOTO_RECORDER_FILEPATH": str(self.recording)}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                         env=env, stdout=log, stderr=subprocess.STDOUT)
+
+        def up() -> bool:
+            try:
+                urllib.request.urlopen(f"{self.url}/moto-api/data.json", timeout=2).read()
+                return True
+            except OSError:
+                assert self.proc is not None and self.proc.poll() is None, f"moto exited; see {self.log_path}"
+                return False
+
+        wait_until(up, 30, f"moto on {self.url} (log {self.log_path})", interval=0.1)
+        if self.recording.exists() and self.recording.stat().st_size:
+            req = urllib.request.Request(f"{self.url}/moto-api/recorder/replay-recording", method="POST", data=b"")
+            urllib.request.urlopen(req, timeout=60).read()
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None

@@ -3,7 +3,8 @@
 Every operation idempotent (commit twice, abort twice, abort an unknown txn, commit after a
 crash between prepare and commit); ``recover`` lists exactly the prepared transactions; nothing
 visible before commit and all of it after; a stale epoch refused; the service restarted between
-prepare and commit. A "crash" is a new sink instance over the same resource, as a restarted
+prepare and commit (for S3, a moto that replays its request log when it starts again: see
+``tests.procs.RecordingMoto``). A "crash" is a new sink instance over the same resource, as a restarted
 worker process would build it.
 
 Each record's value carries its own coordinates (``{"k": "topic/partition/offset"}``), so
@@ -49,6 +50,9 @@ class Harness:
 
     def visible(self) -> list[str]:
         raise NotImplementedError
+
+    def restartable(self) -> None:
+        """Switch to a service that :meth:`restart_service` can restart (most already are)."""
 
     def restart_service(self) -> None:
         pytest.skip(f"{self.name}: no server process of its own to restart")
@@ -117,9 +121,11 @@ class S3Harness(Harness):
     def __init__(self, *a):
         super().__init__(*a)
         self.bucket = self.unique.replace("_", "-")[:60]
+        self.s3 = dict(self.stack.s3)
+        self.moto: Any = None
 
     def config(self):
-        s3 = self.stack.s3
+        s3 = self.s3
         return {"s3.bucket.name": self.bucket, "s3.endpoint.url": s3["endpoint_url"], "s3.region": s3["region_name"],
                 "aws.access.key.id": s3["aws_access_key_id"], "aws.secret.access.key": s3["aws_secret_access_key"],
                 "format": "jsonl"}
@@ -132,7 +138,7 @@ class S3Harness(Harness):
     def visible(self):
         import boto3
 
-        client = boto3.client("s3", **self.stack.s3)
+        client = boto3.client("s3", **self.s3)
         out = []
         pages = client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=f"{self.connector}/")
         for page in pages:
@@ -141,9 +147,21 @@ class S3Harness(Harness):
                 out += [json.loads(line)["k"] for line in body.splitlines() if line]
         return out
 
+    def restartable(self):
+        # The stack's moto keeps its data in memory only: a restart would be a wipe. This one logs
+        # every request and replays the log when it starts again.
+        from tests.procs import RecordingMoto
+
+        self.moto = RecordingMoto(self.tmp / "moto").start()
+        self.s3 = self.moto.endpoint()
+
     def restart_service(self):
-        pytest.skip("s3: moto's server keeps its data in memory, so a restart is a wipe, not a restart "
-                    "(tests/test_s3_sink.py proves the sink is retryable while it is down)")
+        self.moto.kill()
+        self.moto.start()
+
+    def close(self):
+        if self.moto is not None:
+            self.moto.kill()
 
 
 class HttpHarness(Harness):
@@ -310,6 +328,7 @@ def test_prepare_with_a_stale_epoch_is_refused(h):
 
 
 def test_service_restarted_between_prepare_and_commit(h):
+    h.restartable()
     batch = records(0, 0, 30)
     sink = h.make()
     prepare(sink, txn(h, 1), batch)
