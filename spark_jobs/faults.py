@@ -21,7 +21,7 @@ class InjectedFault(RuntimeError):
 class FailAt:
     """Raise at ``point`` for the given attempts (and partitions; ``None`` = all).
 
-    Points: ``after_init``, ``after_check``, ``after_first_batch``, ``before_commit`` (records and
+    Points: ``before_init`` (before the producer fences earlier attempts), ``after_init``, ``after_check``, ``after_first_batch``, ``before_commit`` (records and
     ledger entry flushed to the broker, not committed) and ``after_commit`` (committed, the task
     then dies so Spark retries it). ``crash=True`` exits the Python worker on the spot, like a
     killed executor: the open transaction is left for the next attempt's ``init_transactions``.
@@ -58,6 +58,44 @@ class SleepAt:
     def __call__(self, point: str, partition: int, attempt: int) -> None:
         if point == self.point and attempt in self.attempts and (self.partitions is None or partition in self.partitions):
             time.sleep(self.seconds)
+
+
+@dataclass(frozen=True)
+class TouchAt:
+    """Create the file ``path`` at ``point``: tells another attempt (in another executor on this
+    machine) that this one got there. Pairs with :class:`WaitAt`."""
+
+    point: str
+    path: str
+    attempts: frozenset[int] = frozenset({0})
+    partitions: frozenset[int] | None = None
+
+    def __call__(self, point: str, partition: int, attempt: int) -> None:
+        if point == self.point and attempt in self.attempts and (self.partitions is None or partition in self.partitions):
+            with open(self.path, "a"):
+                pass
+
+
+@dataclass(frozen=True)
+class WaitAt:
+    """Wait at ``point`` until the file ``path`` exists: orders two attempts of one partition
+    without guessing how long the first one takes on a loaded machine."""
+
+    point: str
+    path: str
+    timeout_s: float = 120.0
+    attempts: frozenset[int] = frozenset({1})
+    partitions: frozenset[int] | None = None
+
+    def __call__(self, point: str, partition: int, attempt: int) -> None:
+        if point != self.point or attempt not in self.attempts or (self.partitions is not None and partition not in self.partitions):
+            return
+        deadline = time.monotonic() + self.timeout_s
+        while not os.path.exists(self.path):
+            if time.monotonic() > deadline:
+                raise InjectedFault(f"{self.path} did not appear within {self.timeout_s:.0f} s "
+                                    f"(partition {partition}, attempt {attempt} waiting at {point})")
+            time.sleep(0.05)
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ from spark_jobs.outbox import CompiledOutbox
 FaultHook = Callable[[str, int, int], None]
 """Test-only: called as ``hook(point, partition, attempt)`` at the points below; may raise."""
 
-FAULT_POINTS = ("after_init", "after_check", "after_first_batch", "before_commit", "after_commit")
+FAULT_POINTS = ("before_init", "after_init", "after_check", "after_first_batch", "before_commit", "after_commit")
 
 PUBLISHED = "published"  # this attempt committed the partition
 COMMITTED_BY_EARLIER_ATTEMPT = "committed_by_earlier_attempt"  # same call, an earlier attempt committed
@@ -168,6 +168,7 @@ class PartitionPublisher:
         if self.partition in spec.known_published:
             # The driver saw it committed; committed is forever, no need to touch the coordinator.
             return LedgerEntry(spec.job, spec.run_id, self.partition, -1)
+        self._hook("before_init")
         conf = {
             **spec.producer_config,
             "transactional.id": self.tid,

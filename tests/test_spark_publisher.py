@@ -300,20 +300,26 @@ SPECULATION_DRIVER = textwrap.dedent(
     """
     import json, sys
     from spark_jobs import Outbox, publish_outbox
-    from spark_jobs.faults import Hooks, SleepAt
+    from spark_jobs.faults import Hooks, SleepAt, TouchAt, WaitAt
     from spark_jobs.jobs.orders import ORDER_COLUMNS, orders_frame
     from spark_jobs.session import build_session
 
-    master, bootstrap, orders_topic, events_topic, job = sys.argv[1:6]
+    master, bootstrap, orders_topic, events_topic, job, committed_flag = sys.argv[1:7]
     spark = build_session("eosink-speculation", master=master, conf={
         "spark.ui.enabled": "false", "spark.speculation": "true", "spark.speculation.multiplier": "1",
         "spark.speculation.quantile": "0.1", "spark.speculation.minTaskRuntime": "100ms",
         "spark.speculation.interval": "100ms", "spark.task.maxFailures": "4",
         "spark.executor.memory": "512m", "spark.cores.max": "4"})
     spark.sparkContext.setLogLevel("ERROR")
-    # partition 0 stalls mid-transaction, partition 1 stalls after its commit; nothing fails
-    slow = Hooks((SleepAt("after_first_batch", 6, partitions=frozenset({0})),
-                  SleepAt("after_commit", 6, partitions=frozenset({1}))))
+    # Nothing fails. Partition 0's first attempt stalls mid-transaction, so its speculative copy
+    # fences it and publishes. Partition 1's first attempt stalls after its commit; its copy waits
+    # for that commit before fencing (Spark may launch the copy earlier on a loaded machine), then
+    # finds the partition in the ledger and publishes nothing.
+    p1 = frozenset({1})
+    slow = Hooks((SleepAt("after_first_batch", 10, partitions=frozenset({0})),
+                  TouchAt("after_commit", committed_flag, partitions=p1),
+                  SleepAt("after_commit", 10, partitions=p1),
+                  WaitAt("before_init", committed_flag, 120, attempts=frozenset({1, 2, 3}), partitions=p1)))
     res = publish_outbox(
         orders_frame(spark, 400, 4),
         [Outbox(orders_topic, key="order_id", value=ORDER_COLUMNS), Outbox(events_topic, key="order_id", value="event")],
@@ -393,8 +399,9 @@ def test_speculative_execution_publishes_each_partition_once(standalone_cluster,
     script.write_text(SPECULATION_DRIVER)
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
     proc = subprocess.run(
-        [sys.executable, str(script), standalone_cluster, stack.kafka_bootstrap, orders_topic, events_topic, unique],
-        env=env, capture_output=True, text=True, timeout=240,
+        [sys.executable, str(script), standalone_cluster, stack.kafka_bootstrap, orders_topic, events_topic, unique,
+         str(tmp_path / "partition-1-committed")],
+        env=env, capture_output=True, text=True, timeout=300,
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
