@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from spark_jobs.task import FAULT_POINTS
 
@@ -17,14 +18,20 @@ class InjectedFault(RuntimeError):
     """Raised by :class:`FailAt`; a plain RuntimeError so Spark treats it as any task crash."""
 
 
+def _hits(hook: Any, point: str, partition: int, attempt: int) -> bool:
+    """Whether ``hook`` (with ``point``, ``attempts`` and ``partitions``; ``None`` = all) applies here."""
+    return point == hook.point and attempt in hook.attempts and (hook.partitions is None or partition in hook.partitions)
+
+
 @dataclass(frozen=True)
 class FailAt:
     """Raise at ``point`` for the given attempts (and partitions; ``None`` = all).
 
-    Points: ``before_init`` (before the producer fences earlier attempts), ``after_init``, ``after_check``, ``after_first_batch``, ``before_commit`` (records and
-    ledger entry flushed to the broker, not committed) and ``after_commit`` (committed, the task
-    then dies so Spark retries it). ``crash=True`` exits the Python worker on the spot, like a
-    killed executor: the open transaction is left for the next attempt's ``init_transactions``.
+    Points: ``before_init`` (before the producer fences earlier attempts), ``after_init``,
+    ``after_check``, ``after_first_batch``, ``before_commit`` (records and ledger entry flushed to
+    the broker, not committed) and ``after_commit`` (committed, the task then dies so Spark retries
+    it). ``crash=True`` exits the Python worker on the spot, like a killed executor: the open
+    transaction is left for the next attempt's ``init_transactions``.
     """
 
     point: str
@@ -37,9 +44,7 @@ class FailAt:
             raise ValueError(f"unknown fault point {self.point!r}; one of {FAULT_POINTS}")
 
     def __call__(self, point: str, partition: int, attempt: int) -> None:
-        if point != self.point or attempt not in self.attempts:
-            return
-        if self.partitions is not None and partition not in self.partitions:
+        if not _hits(self, point, partition, attempt):
             return
         if self.crash:
             os._exit(70)
@@ -56,7 +61,7 @@ class SleepAt:
     partitions: frozenset[int] | None = None
 
     def __call__(self, point: str, partition: int, attempt: int) -> None:
-        if point == self.point and attempt in self.attempts and (self.partitions is None or partition in self.partitions):
+        if _hits(self, point, partition, attempt):
             time.sleep(self.seconds)
 
 
@@ -71,7 +76,7 @@ class TouchAt:
     partitions: frozenset[int] | None = None
 
     def __call__(self, point: str, partition: int, attempt: int) -> None:
-        if point == self.point and attempt in self.attempts and (self.partitions is None or partition in self.partitions):
+        if _hits(self, point, partition, attempt):
             with open(self.path, "a"):
                 pass
 
@@ -88,7 +93,7 @@ class WaitAt:
     partitions: frozenset[int] | None = None
 
     def __call__(self, point: str, partition: int, attempt: int) -> None:
-        if point != self.point or attempt not in self.attempts or (self.partitions is not None and partition not in self.partitions):
+        if not _hits(self, point, partition, attempt):
             return
         deadline = time.monotonic() + self.timeout_s
         while not os.path.exists(self.path):
