@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from spark_jobs.task import FAULT_POINTS
 
@@ -18,13 +17,24 @@ class InjectedFault(RuntimeError):
     """Raised by :class:`FailAt`; a plain RuntimeError so Spark treats it as any task crash."""
 
 
-def _hits(hook: Any, point: str, partition: int, attempt: int) -> bool:
-    """Whether ``hook`` (with ``point``, ``attempts`` and ``partitions``; ``None`` = all) applies here."""
-    return point == hook.point and attempt in hook.attempts and (hook.partitions is None or partition in hook.partitions)
+class _At:
+    """What every hook shares: it acts at ``point``, for ``attempts`` and ``partitions`` (``None`` =
+    all), and a point that does not exist is refused when the hook is built, not silently never hit."""
+
+    point: str
+    attempts: frozenset[int]
+    partitions: frozenset[int] | None
+
+    def __post_init__(self) -> None:
+        if self.point not in FAULT_POINTS:
+            raise ValueError(f"unknown fault point {self.point!r}; one of {FAULT_POINTS}")
+
+    def hits(self, point: str, partition: int, attempt: int) -> bool:
+        return point == self.point and attempt in self.attempts and (self.partitions is None or partition in self.partitions)
 
 
 @dataclass(frozen=True)
-class FailAt:
+class FailAt(_At):
     """Raise at ``point`` for the given attempts (and partitions; ``None`` = all).
 
     Points: ``before_init`` (before the producer fences earlier attempts), ``after_init``,
@@ -39,12 +49,8 @@ class FailAt:
     partitions: frozenset[int] | None = None
     crash: bool = False  # kill the Python worker (no abort, no cleanup) instead of raising
 
-    def __post_init__(self) -> None:
-        if self.point not in FAULT_POINTS:
-            raise ValueError(f"unknown fault point {self.point!r}; one of {FAULT_POINTS}")
-
     def __call__(self, point: str, partition: int, attempt: int) -> None:
-        if not _hits(self, point, partition, attempt):
+        if not self.hits(point, partition, attempt):
             return
         if self.crash:
             os._exit(70)
@@ -52,7 +58,7 @@ class FailAt:
 
 
 @dataclass(frozen=True)
-class SleepAt:
+class SleepAt(_At):
     """Sleep ``seconds`` at ``point`` for the given attempts/partitions (a slow task, for speculation)."""
 
     point: str
@@ -61,12 +67,12 @@ class SleepAt:
     partitions: frozenset[int] | None = None
 
     def __call__(self, point: str, partition: int, attempt: int) -> None:
-        if _hits(self, point, partition, attempt):
+        if self.hits(point, partition, attempt):
             time.sleep(self.seconds)
 
 
 @dataclass(frozen=True)
-class TouchAt:
+class TouchAt(_At):
     """Create the file ``path`` at ``point``: tells another attempt (in another executor on this
     machine) that this one got there. Pairs with :class:`WaitAt`."""
 
@@ -76,13 +82,13 @@ class TouchAt:
     partitions: frozenset[int] | None = None
 
     def __call__(self, point: str, partition: int, attempt: int) -> None:
-        if _hits(self, point, partition, attempt):
+        if self.hits(point, partition, attempt):
             with open(self.path, "a"):
                 pass
 
 
 @dataclass(frozen=True)
-class WaitAt:
+class WaitAt(_At):
     """Wait at ``point`` until the file ``path`` exists: orders two attempts of one partition
     without guessing how long the first one takes on a loaded machine."""
 
@@ -93,7 +99,7 @@ class WaitAt:
     partitions: frozenset[int] | None = None
 
     def __call__(self, point: str, partition: int, attempt: int) -> None:
-        if not _hits(self, point, partition, attempt):
+        if not self.hits(point, partition, attempt):
             return
         deadline = time.monotonic() + self.timeout_s
         while not os.path.exists(self.path):

@@ -138,8 +138,9 @@ class RecordingMoto:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def endpoint(self) -> dict[str, str]:
-        return {"endpoint_url": self.url, "aws_access_key_id": "testing", "aws_secret_access_key": "testing",
-                "region_name": "us-east-1"}
+        from worker.stack.components.s3 import CREDENTIALS
+
+        return {"endpoint_url": self.url, **CREDENTIALS}
 
     def start(self) -> "RecordingMoto":
         import urllib.request
