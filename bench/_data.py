@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from connectors.records import SinkRecord
+from eosink.connectors.api.records import SinkRecord
 
 STATUSES = ("paid", "pending", "refunded", "failed")
 COUNTRIES = ("DE", "FR", "NL", "US", "GB", "PL")

@@ -34,7 +34,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from kazoo.client import KazooClient  # noqa: E402
 
 from tests.procs import WorkerProcess, register, wait_until  # noqa: E402
-from worker.stack import load_endpoints  # noqa: E402
+from eosink.worker.stack import load_endpoints  # noqa: E402
 
 
 def _zxid(hosts: str) -> int:

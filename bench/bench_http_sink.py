@@ -1,6 +1,6 @@
 """Benchmark: the HTTP sink's full 2PC cycle against a raw POST of the same body.
 
-Both go to the reference server (``connectors/http_reference_server.py``), started here as a
+Both go to the reference server (``connectors/http/reference_server.py``), started here as a
 subprocess with its data directory on local disk (fsync on), with ~200-byte JSON records over
 ``--partitions`` partitions, ``--batch`` records per cycle (one commit.interval.ms=1000 cycle's worth):
 
@@ -41,9 +41,9 @@ if str(REPO) not in sys.path:
 
 import urllib3  # noqa: E402
 
-from connectors.http import HttpSink, encode_body  # noqa: E402
+from eosink.connectors.http.sink import HttpSink, encode_body  # noqa: E402
 from bench._data import make_records  # noqa: E402
-from connectors.records import TxnManifest  # noqa: E402
+from eosink.connectors.api.records import TxnManifest  # noqa: E402
 
 
 
@@ -51,7 +51,7 @@ def start_server(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "connectors.http_reference_server", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "eosink.connectors.http.reference_server", "--port", str(port),
                              "--data-dir", str(data_dir)], cwd=REPO, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 15

@@ -43,9 +43,9 @@ import pyarrow as pa  # noqa: E402
 from pyiceberg.catalog import load_catalog  # noqa: E402
 from pyiceberg.io.pyarrow import schema_to_pyarrow  # noqa: E402
 
-from connectors.iceberg import IcebergSink  # noqa: E402
+from eosink.connectors.iceberg.sink import IcebergSink  # noqa: E402
 from bench._data import batches, make_records  # noqa: E402
-from connectors.records import SinkRecord, TxnManifest  # noqa: E402
+from eosink.connectors.api.records import SinkRecord, TxnManifest  # noqa: E402
 
 PARTITIONS = 4
 NAMESPACE = "eosink_bench"
@@ -130,7 +130,7 @@ class SinkCycles(Mode):
 
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
-        from worker.stack import load_endpoints
+        from eosink.worker.stack import load_endpoints
 
         ep = load_endpoints()
         self.tag = uuid.uuid4().hex[:6]

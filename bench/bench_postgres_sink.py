@@ -44,9 +44,9 @@ if str(REPO) not in sys.path:
 import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
-from connectors.postgres import PostgresSink  # noqa: E402
+from eosink.connectors.postgres.sink import PostgresSink  # noqa: E402
 from bench._data import batches, make_records  # noqa: E402
-from connectors.records import SinkRecord, TxnManifest  # noqa: E402
+from eosink.connectors.api.records import SinkRecord, TxnManifest  # noqa: E402
 
 PARTITIONS = 4
 FIELDS: tuple[tuple[str, str, str], ...] = (  # name, SQL type, COPY type
@@ -166,7 +166,7 @@ def run_executemany(dsn: str, table: str, parts: list[Sequence[SinkRecord]], bud
 def default_dsn() -> str:
     if os.environ.get("EOSINK_BENCH_DSN"):
         return os.environ["EOSINK_BENCH_DSN"]
-    from worker.stack import load_endpoints
+    from eosink.worker.stack import load_endpoints
 
     return load_endpoints().postgres_dsn
 

@@ -42,8 +42,8 @@ import boto3  # noqa: E402
 from botocore.config import Config  # noqa: E402
 
 from bench._data import make_records  # noqa: E402
-from connectors.records import SinkRecord, TxnManifest  # noqa: E402
-from connectors.s3 import ENCODERS, S3Sink  # noqa: E402
+from eosink.connectors.api.records import SinkRecord, TxnManifest  # noqa: E402
+from eosink.connectors.s3.sink import ENCODERS, S3Sink  # noqa: E402
 
 
 
@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.endpoint_url:
         conn: dict[str, Any] = {"endpoint_url": args.endpoint_url}
     else:
-        from worker.stack import load_endpoints
+        from eosink.worker.stack import load_endpoints
 
         conn = dict(load_endpoints().s3)
     tag = uuid.uuid4().hex[:6]

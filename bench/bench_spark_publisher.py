@@ -89,7 +89,7 @@ def plain_task(conf: dict, topic: str, job: str, run_id: str) -> Callable[[Itera
 
 
 def run_eosink(spark, df, bootstrap: str, topic: str) -> int:
-    from spark_jobs import publish_outbox
+    from eosink.spark_jobs import publish_outbox
 
     res = publish_outbox(df, topic, key="order_id", job="bench", run_id=uuid.uuid4().hex[:12], kafka=bootstrap)
     return res.records
@@ -98,9 +98,9 @@ def run_eosink(spark, df, bootstrap: str, topic: str) -> int:
 def run_plain(spark, df, bootstrap: str, topic: str) -> int:
     from pyspark.sql import functions as F
 
-    from spark_jobs.arrow_map import map_in_arrow
-    from spark_jobs.outbox import JSON_OPTIONS
-    from spark_jobs.publisher import producer_config
+    from eosink.spark_jobs.arrow_map import map_in_arrow
+    from eosink.spark_jobs.outbox import JSON_OPTIONS
+    from eosink.spark_jobs.publisher import producer_config
 
     projected = df.select(
         F.col("order_id").cast("string"), F.to_json(F.struct(*df.columns), JSON_OPTIONS).cast("binary")
@@ -112,8 +112,8 @@ def run_plain(spark, df, bootstrap: str, topic: str) -> int:
 def run_spark_sink(spark, df, bootstrap: str, topic: str) -> int:
     from pyspark.sql import functions as F
 
-    from spark_jobs.outbox import JSON_OPTIONS
-    from spark_jobs.publisher import DEFAULT_PRODUCER_CONFIG
+    from eosink.spark_jobs.outbox import JSON_OPTIONS
+    from eosink.spark_jobs.publisher import DEFAULT_PRODUCER_CONFIG
 
     run_id = uuid.uuid4().hex[:12]
     out = df.select(
@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from spark_jobs.jobs._common import default_bootstrap
-    from spark_jobs.session import build_session
+    from eosink.spark_jobs.jobs._common import default_bootstrap
+    from eosink.spark_jobs.session import build_session
 
     bootstrap = args.bootstrap or default_bootstrap()
     if not bootstrap:

@@ -60,14 +60,14 @@ from confluent_kafka import TopicPartition as KTP  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from bench._data import order  # noqa: E402
-from connectors.filesystem import FilesystemSink  # noqa: E402
-from connectors.memory import MemorySink, drop_store, store  # noqa: E402
-from connectors.records import TopicPartition  # noqa: E402
-from worker import logging as wlogging  # noqa: E402
-from worker.decision import ZooKeeperDecisionLog  # noqa: E402
-from worker.source import KafkaSource  # noqa: E402
-from worker.task import CycleOutcome, SinkTask, TaskSettings  # noqa: E402
-from worker.zk import ZkSession  # noqa: E402
+from eosink.connectors.filesystem import FilesystemSink  # noqa: E402
+from eosink.connectors.memory import MemorySink, drop_store, store  # noqa: E402
+from eosink.connectors.api.records import TopicPartition  # noqa: E402
+from eosink.worker import logging as wlogging  # noqa: E402
+from eosink.worker.engine.decision import ZooKeeperDecisionLog  # noqa: E402
+from eosink.worker.engine.source import KafkaSource  # noqa: E402
+from eosink.worker.engine.task import CycleOutcome, SinkTask, TaskSettings  # noqa: E402
+from eosink.worker.engine.zk import ZkSession  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "worker.json"
 COMMIT_INTERVAL_S = 1.0
@@ -334,7 +334,7 @@ def run_eosink(kind: str, bootstrap: str, zk_hosts: str, topic: str, tps: list[T
     detail: dict[str, float] = collections.defaultdict(float)  # inside prepare + commit (not in "other")
     fs_module_patches: list[tuple[str, Any]] = []
     if kind.startswith("filesystem"):
-        import connectors.filesystem as fs_module
+        import eosink.connectors.filesystem as fs_module
 
         sink._encode = _timed(sink._encode, detail, "encode")
         # The batch is encoded slice by slice while _write_durably writes it: its "write+fsync"
@@ -422,7 +422,7 @@ def _split_encoding(detail: dict[str, float]) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------- Kafka Connect
 def run_connect(bootstrap: str, topic: str, n: int, total_bytes: int, value_bytes: int, tag: str, workdir: Path,
                 timeout_s: float, keep: bool = False) -> tuple[Result, Result]:
-    from worker.stack import jvm
+    from eosink.worker.stack import jvm
 
     cp = jvm.classpath("connect", "kafka-connect")
     java = jvm.java("kafka-connect")
@@ -544,7 +544,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     wlogging.configure(os.environ.get("EOSINK_LOG_LEVEL", "ERROR"))  # a stopped ZkSession logs LOST
 
-    from worker.stack import ComponentError, load_endpoints
+    from eosink.worker.stack import ComponentError, load_endpoints
 
     ep = load_endpoints()
     n, topic = args.records, args.topic or default_topic(args.records)

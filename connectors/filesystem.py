@@ -22,11 +22,11 @@ from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
-from connectors._durable import fsync_dir as _fsync_dir
-from connectors.config import ConfigDef, Importance, Type, non_empty, one_of
-from connectors.errors import FencedError, RetryableError
-from connectors.records import SinkRecord, TopicPartition, TxnManifest
-from connectors.sink import BatchingSink
+from eosink.connectors.common.durable import fsync_dir as _fsync_dir
+from eosink.connectors.api.config import ConfigDef, Importance, Type, non_empty, one_of
+from eosink.connectors.api.errors import FencedError, RetryableError
+from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
+from eosink.connectors.api.sink import BatchingSink
 
 _DATA = ".jsonl"
 _MANIFEST = ".manifest.json"

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.config import ConfigDef, Type
-from connectors.errors import FencedError
-from connectors.records import SinkRecord, TopicPartition, TxnManifest
-from connectors.sink import BatchingSink
+from eosink.connectors.api.config import ConfigDef, Type
+from eosink.connectors.api.errors import FencedError
+from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
+from eosink.connectors.api.sink import BatchingSink
 
 
 @dataclass

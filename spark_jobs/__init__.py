@@ -5,12 +5,12 @@ Spark's own Kafka sink is at-least-once: a retried or speculative task writes it
 stable per (job, run, partition), with a publish-ledger entry in the same transaction, so every row
 is visible to read_committed consumers exactly once per run id::
 
-    from spark_jobs import publish_outbox
+    from eosink.spark_jobs import publish_outbox
 
     result = publish_outbox(df, "orders_outbox", key="order_id", job="orders",
                             run_id="2024-06-01", kafka="127.0.0.1:19092")
 
-Imports are lazy so ``spark_jobs.errors`` and ``spark_jobs.naming`` load without pyspark.
+Imports are lazy so ``eosink.spark_jobs.errors`` and ``eosink.spark_jobs.naming`` load without pyspark.
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from spark_jobs.outbox import Outbox
-    from spark_jobs.publisher import PublishResult, publish_outbox
+    from eosink.spark_jobs.outbox import Outbox
+    from eosink.spark_jobs.publisher import PublishResult, publish_outbox
 
 __all__ = ["Outbox", "PublishResult", "publish_outbox"]
 
 
 def __getattr__(name: str) -> Any:
     if name in ("publish_outbox", "PublishResult"):
-        from spark_jobs import publisher
+        from eosink.spark_jobs import publisher
 
         return getattr(publisher, name)
     if name == "Outbox":
-        from spark_jobs.outbox import Outbox
+        from eosink.spark_jobs.outbox import Outbox
 
         return Outbox
     raise AttributeError(name)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from spark_jobs.jobs import ALIASES, JOBS
+from eosink.spark_jobs.jobs import ALIASES, JOBS
 
 USAGE = "usage: eosink spark {run <job> [--run-id ID] [job args...] | jobs | jars}"
 DEFAULT_LOCAL_MASTER = "local[*,4]"
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
             print(f"{name:16} {doc}")
         return 0
     if command == "jars":
-        from spark_jobs.jars import resolve_jars
+        from eosink.spark_jobs.jars import resolve_jars
 
         for p in resolve_jars():
             print(p)
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
     job_args = rest[1:]
     if "--master" not in job_args and not any(a.startswith("--master=") for a in job_args):
         job_args = ["--master", DEFAULT_LOCAL_MASTER, *job_args]
-    from spark_jobs.jobs._common import main as run_job
+    from eosink.spark_jobs.jobs._common import main as run_job
 
     return run_job(importlib.import_module(JOBS[name]), job_args, prog=f"eosink spark run {name}")
 

@@ -1,11 +1,11 @@
 """Errors of the Spark outbox publisher, classified like the rest of eosink.
 
-Every class subclasses :mod:`connectors.errors`, so callers decide by class (retry, rejoin, stop)
+Every class subclasses :mod:`eosink.connectors.api.errors`, so callers decide by class (retry, rejoin, stop)
 and never by message. Messages name the thing the operator must look at: the missing column and
 the available ones, the bootstrap servers that did not answer, the transactional.id that was fenced.
 
 These errors are raised inside Spark tasks, where Spark turns them into a ``PythonException`` whose
-text ends with ``spark_jobs.errors.<Class>: <message>``; :func:`from_task_failure` rebuilds the
+text ends with ``eosink.spark_jobs.errors.<Class>: <message>``; :func:`from_task_failure` rebuilds the
 original class on the driver so ``publish_outbox`` fails with the same clear error a local call
 would have raised.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from connectors.errors import ConfigError, EosinkError, FatalError, FencedError, RetryableError
+from eosink.connectors.api.errors import ConfigError, EosinkError, FatalError, FencedError, RetryableError
 
 COMPONENT = "spark-publisher"
 
@@ -129,7 +129,7 @@ _REMOTE = re.compile(r"spark_jobs\.errors\.(\w+): (.*)")
 def from_task_failure(exc: BaseException) -> EosinkError | None:
     """Rebuild the error a Spark task raised from the text of the job failure, or ``None``.
 
-    Only the last ``spark_jobs.errors.X: message`` line counts (the most recent task failure).
+    Only the last ``eosink.spark_jobs.errors.X: message`` line counts (the most recent task failure).
     The instance is built without calling the subclass constructor, whose arguments are gone.
     """
     matches = _REMOTE.findall(str(exc))

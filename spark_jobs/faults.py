@@ -10,7 +10,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from spark_jobs.task import FAULT_POINTS
+from eosink.spark_jobs.task import FAULT_POINTS
 
 
 class InjectedFault(RuntimeError):

@@ -20,7 +20,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from connectors.errors import FatalError
+from eosink.connectors.api.errors import FatalError
 
 
 class JarResolutionError(FatalError):

@@ -13,7 +13,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from spark_jobs.errors import BrokerUnreachableError, PublishError, TopicMissingError, TransactionTimeoutError
+from eosink.spark_jobs.errors import BrokerUnreachableError, PublishError, TopicMissingError, TransactionTimeoutError
 
 # Client settings that every client of the same cluster needs (the producer's config is the source).
 _SHARED_PREFIXES = ("bootstrap.servers", "security.", "sasl.", "ssl.", "client.dns.lookup", "broker.address.family")

@@ -9,7 +9,7 @@ only if the partition's outbox records are. After a run succeeded the driver add
 Answering "is key K committed?" correctly, and without stalling
 ----------------------------------------------------------------
 The question is asked right after ``init_transactions()`` of K's transactional.id, which has
-completed or aborted every earlier transaction that could contain K (see :mod:`spark_jobs.task`).
+completed or aborted every earlier transaction that could contain K (see :mod:`eosink.spark_jobs.task`).
 So every record of K in the log is now *decided*, and every committed one lies below the log end
 (high watermark) measured at that moment. Two steps:
 
@@ -55,9 +55,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from spark_jobs.errors import LedgerError
-from spark_jobs.kafka_checks import client_config
-from spark_jobs.naming import RUN_MARKER, run_prefix
+from eosink.spark_jobs.errors import LedgerError
+from eosink.spark_jobs.kafka_checks import client_config
+from eosink.spark_jobs.naming import RUN_MARKER, run_prefix
 
 _TAIL_CACHE_MAX = 200_000
 

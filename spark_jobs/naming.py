@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from connectors.errors import ConfigError
+from eosink.connectors.api.errors import ConfigError
 
 HEADER_ID = "eosink.id"
 HEADER_RUN = "eosink.run"

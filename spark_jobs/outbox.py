@@ -15,7 +15,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType, StructType
 
-from spark_jobs.errors import MissingColumnError
+from eosink.spark_jobs.errors import MissingColumnError
 
 # Nulls are written as JSON null rather than dropped: sinks see the same fields in every record.
 JSON_OPTIONS = {"ignoreNullFields": "false"}

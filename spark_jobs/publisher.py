@@ -4,10 +4,10 @@ The guarantee, for a given ``(job, run_id)``: every row of the DataFrame is visi
 read_committed consumer exactly once in each outbox topic it is routed to, however often Spark
 retries or speculates a task and however often the whole run is re-submitted with the same run id.
 Each Spark partition is one Kafka transaction (records of every outbox + a ledger entry); see
-:mod:`spark_jobs.task` for why this is exactly-once and :mod:`spark_jobs.ledger` for the ledger.
+:mod:`eosink.spark_jobs.task` for why this is exactly-once and :mod:`eosink.spark_jobs.ledger` for the ledger.
 
 A failed call (bad input, unreachable broker, a partition that keeps failing) raises a classified
-:mod:`spark_jobs.errors` error. Partitions that committed before the failure are in the ledger,
+:mod:`eosink.spark_jobs.errors` error. Partitions that committed before the failure are in the ledger,
 the others published nothing; re-running with the *same* run id publishes exactly the missing ones.
 """
 
@@ -25,13 +25,13 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 from pyspark.sql import DataFrame
 
-from spark_jobs import kafka_checks
-from spark_jobs.arrow_map import map_in_arrow
-from spark_jobs.errors import PartitioningChangedError, PublishError, from_task_failure
-from spark_jobs.ledger import RunState, entry_value, read_run
-from spark_jobs.naming import LEDGER_TOPIC, run_marker_key, validate_name
-from spark_jobs.outbox import Outbox, normalize, project
-from spark_jobs.task import NEW_IN_THIS_CALL, SUMMARY_DDL, FaultHook, PartitionResult, TaskSpec, make_task_function
+from eosink.spark_jobs import kafka_checks
+from eosink.spark_jobs.arrow_map import map_in_arrow
+from eosink.spark_jobs.errors import PartitioningChangedError, PublishError, from_task_failure
+from eosink.spark_jobs.ledger import RunState, entry_value, read_run
+from eosink.spark_jobs.naming import LEDGER_TOPIC, run_marker_key, validate_name
+from eosink.spark_jobs.outbox import Outbox, normalize, project
+from eosink.spark_jobs.task import NEW_IN_THIS_CALL, SUMMARY_DDL, FaultHook, PartitionResult, TaskSpec, make_task_function
 
 log = logging.getLogger("eosink.spark")
 

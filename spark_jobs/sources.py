@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from connectors.errors import ConfigError
+from eosink.connectors.api.errors import ConfigError
 
 FORMATS = ("parquet", "csv", "json")
 

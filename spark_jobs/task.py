@@ -13,7 +13,7 @@ that wakes up late, a whole re-run with the same run id) uses the same transacti
    *aborts* any that is still open. When it returns, no earlier attempt can commit any more and
    every earlier attempt that did commit has its commit markers written.
 2. Only then read the ledger up to the log end measured after step 1 (how, without waiting on
-   unrelated transactions, is in :mod:`spark_jobs.ledger`). An earlier attempt either committed,
+   unrelated transactions, is in :mod:`eosink.spark_jobs.ledger`). An earlier attempt either committed,
    and then its entry is below that end and seen, so this attempt publishes nothing; or it did
    not, and then it never will.
 3. Publish records + ledger entry in one transaction and commit. A later attempt repeats 1-2.
@@ -39,7 +39,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from spark_jobs.errors import (
+from eosink.spark_jobs.errors import (
     BrokerUnreachableError,
     PublishError,
     TaskTooLongError,
@@ -47,9 +47,9 @@ from spark_jobs.errors import (
     TransactionFencedError,
     TransactionTimeoutError,
 )
-from spark_jobs.ledger import LedgerEntry, entry_value, lookup_committed
-from spark_jobs.naming import HEADER_ID, HEADER_RUN, ledger_key, record_id_prefix, transactional_id
-from spark_jobs.outbox import CompiledOutbox
+from eosink.spark_jobs.ledger import LedgerEntry, entry_value, lookup_committed
+from eosink.spark_jobs.naming import HEADER_ID, HEADER_RUN, ledger_key, record_id_prefix, transactional_id
+from eosink.spark_jobs.outbox import CompiledOutbox
 
 FaultHook = Callable[[str, int, int], None]
 """Test-only: called as ``hook(point, partition, attempt)`` at the points below; may raise."""

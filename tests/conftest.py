@@ -26,7 +26,7 @@ os.environ.setdefault("EOSINK_HOME", str(REPO / ".eosink"))
 @pytest.fixture(scope="session")
 def stack():
     """The endpoints of the running stack; fails with the command to run when it is down."""
-    from worker.stack import load_endpoints
+    from eosink.worker.stack import load_endpoints
 
     return load_endpoints()
 

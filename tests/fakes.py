@@ -10,11 +10,11 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from connectors.errors import CommitStateUnknownError, FatalError, RecordError, RetryableError
-from connectors.memory import MemorySink
-from connectors.records import SinkRecord, TopicPartition, TxnManifest
-from worker.decision import MemoryDecisionLog
-from worker.source import Batch
+from eosink.connectors.api.errors import CommitStateUnknownError, FatalError, RecordError, RetryableError
+from eosink.connectors.memory import MemorySink
+from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
+from eosink.worker.engine.decision import MemoryDecisionLog
+from eosink.worker.engine.source import Batch
 
 
 class ListSource:

@@ -32,7 +32,7 @@ class WorkerProcess:
             env["EOSINK_FAULT"] = fault
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker", "--bootstrap-servers", stack.kafka_bootstrap,
+            [sys.executable, "-m", "eosink.worker.clients.cli", "worker", "--bootstrap-servers", stack.kafka_bootstrap,
              "--zookeeper", zookeeper or stack.zookeeper_hosts, "--cluster", cluster, "--worker-id", worker_id,
              "--session-timeout", str(session_timeout), "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1",
              "--rest-port", str(rest_port), "--rest-host", "127.0.0.1", *(extra_args or [])],
@@ -108,9 +108,9 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interva
 
 
 def register(zk_hosts: str, cluster: str, name: str, config: dict) -> None:
-    from worker.config import parse_connector
-    from worker.runner import ConnectorStore
-    from worker.zk import ZkSession
+    from eosink.worker.control.config import parse_connector
+    from eosink.worker.control.runner import ConnectorStore
+    from eosink.worker.engine.zk import ZkSession
 
     parse_connector(name, config, resolve=False)  # the same validation as the CLI and the REST API
     session = ZkSession(zk_hosts, cluster).start()
@@ -138,7 +138,7 @@ class RecordingMoto:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def endpoint(self) -> dict[str, str]:
-        from worker.stack.components.s3 import CREDENTIALS
+        from eosink.worker.stack.components.s3 import CREDENTIALS
 
         return {"endpoint_url": self.url, **CREDENTIALS}
 

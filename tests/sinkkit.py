@@ -6,8 +6,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from connectors.records import SinkRecord, TxnManifest
-from connectors.sink import TwoPhaseCommitSink
+from eosink.connectors.api.records import SinkRecord, TxnManifest
+from eosink.connectors.api.sink import TwoPhaseCommitSink
 
 
 def records(topic: str, values: Sequence[Any], partition: int = 0, start: int = 0,

@@ -34,7 +34,7 @@ SPARK_TEST_CONF = {
 def spark() -> Iterator:
     """``local[2,4]``: two cores, and four attempts per task (plain ``local[2]`` never retries a
     task, whatever ``spark.task.maxFailures`` says). Carries the spark-sql-kafka jars."""
-    from spark_jobs.session import build_session
+    from eosink.spark_jobs.session import build_session
 
     session = build_session("eosink-tests", master="local[2,4]", kafka_jars=True, conf=SPARK_TEST_CONF)
     session.sparkContext.setLogLevel("ERROR")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
-from connectors.records import TopicPartition
-from worker.assignment import assign
+from eosink.connectors.api.records import TopicPartition
+from eosink.worker.control.assignment import assign
 
 workers_st = st.lists(st.sampled_from([f"w{i}" for i in range(6)]), min_size=1, max_size=6, unique=True)
 conns_st = st.dictionaries(st.sampled_from(["a", "b", "c"]), st.tuples(st.integers(1, 40), st.integers(1, 6)), min_size=1)

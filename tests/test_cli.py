@@ -18,7 +18,7 @@ pytestmark = pytest.mark.chaos
 
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("EOSINK_REST") and k != "EOSINK_URL"}
-    return subprocess.run([sys.executable, "-m", "worker.cli", *args], capture_output=True, text=True, timeout=timeout,
+    return subprocess.run([sys.executable, "-m", "eosink.worker.clients.cli", *args], capture_output=True, text=True, timeout=timeout,
                           cwd=REPO, env={**base, **(env or {})})
 
 
@@ -146,7 +146,7 @@ def test_direct_mode_writes_zookeeper_for_bootstrapping(stack, unique, tmp_path,
 
 
 def test_kafka_security_settings_come_from_flags_and_EOSINK_KAFKA_variables():
-    from worker.cli import kafka_settings
+    from eosink.worker.clients.cli import kafka_settings
 
     env = {"EOSINK_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "EOSINK_KAFKA_SASL_MECHANISM": "PLAIN",
            "EOSINK_KAFKA_SASL_USERNAME": "u", "EOSINK_KAFKA_SSL_CA_LOCATION": "/ca.pem", "EOSINK_KAFKA_LINGER_MS": "5"}
@@ -156,7 +156,7 @@ def test_kafka_security_settings_come_from_flags_and_EOSINK_KAFKA_variables():
 
 
 def test_generated_configuration_docs_are_up_to_date():
-    from worker.plugins import render_markdown
+    from eosink.worker.control.plugins import render_markdown
 
     doc = REPO / "docs" / "configuration.md"
     assert doc.read_text() == render_markdown() + "\n", \

@@ -148,7 +148,7 @@ def test_zombie_commit_after_sigstop_is_refused(cluster):
 
 
 def test_zookeeper_restart_mid_stream(cluster):
-    from worker.stack import start_component, stop_component
+    from eosink.worker.stack import start_component, stop_component
 
     for wid in ("w1", "w2", "w3"):
         cluster.start(wid)

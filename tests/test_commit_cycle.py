@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from connectors import memory
-from connectors.records import TopicPartition
+from eosink.connectors import memory
+from eosink.connectors.api.records import TopicPartition
 from tests.fakes import FailingSink, FaultPlan, FlakyDecisionLog, ListSource, fatal, retryable, unknown
-from worker.decision import MemoryDecisionLog
-from worker.task import CycleOutcome, SinkTask, TaskSettings, TaskState
+from eosink.worker.engine.decision import MemoryDecisionLog
+from eosink.worker.engine.task import CycleOutcome, SinkTask, TaskSettings, TaskState
 
 TP = TopicPartition("outbox", 0)
 
@@ -165,8 +165,8 @@ def test_prepare_with_stale_epoch_is_refused_by_the_resource(rig):
     new = rig.task()
     new.run_cycle()
     rig.data[TP].append(b'{"id": 10}')
-    from connectors.errors import FencedError
-    from connectors.records import PartitionRange, TxnManifest
+    from eosink.connectors.api.errors import FencedError
+    from eosink.connectors.api.records import PartitionRange, TxnManifest
 
     sink = old.sinks[0]
     sink.begin_transaction("stale")

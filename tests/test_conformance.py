@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from connectors import memory
-from connectors.errors import FencedError
-from connectors.records import PartitionRange, SinkRecord, TxnManifest
-from connectors.sink import TwoPhaseCommitSink
+from eosink.connectors import memory
+from eosink.connectors.api.errors import FencedError
+from eosink.connectors.api.records import PartitionRange, SinkRecord, TxnManifest
+from eosink.connectors.api.sink import TwoPhaseCommitSink
 
 TOPIC = "conf"
 
@@ -81,7 +81,7 @@ class FilesystemHarness(Harness):
         return {"file.path": str(self.tmp / "fs")}
 
     def cls(self):
-        from connectors.filesystem import FilesystemSink
+        from eosink.connectors.filesystem import FilesystemSink
 
         return FilesystemSink
 
@@ -96,7 +96,7 @@ class PostgresHarness(Harness):
         return {"connection.url": self.stack.postgres_dsn, "table.name.format": self.unique}
 
     def cls(self):
-        from connectors.postgres import PostgresSink
+        from eosink.connectors.postgres.sink import PostgresSink
 
         return PostgresSink
 
@@ -109,7 +109,7 @@ class PostgresHarness(Harness):
             return [r[0] for r in conn.execute(f'SELECT k FROM "{self.unique}"')]
 
     def restart_service(self):
-        from worker.stack import start_component, stop_component
+        from eosink.worker.stack import start_component, stop_component
 
         stop_component("postgres")
         start_component("postgres")
@@ -131,7 +131,7 @@ class S3Harness(Harness):
                 "format": "jsonl"}
 
     def cls(self):
-        from connectors.s3 import S3Sink
+        from eosink.connectors.s3.sink import S3Sink
 
         return S3Sink
 
@@ -177,7 +177,7 @@ class HttpHarness(Harness):
         return {"http.url": self.server.url}
 
     def cls(self):
-        from connectors.http import HttpSink
+        from eosink.connectors.http.sink import HttpSink
 
         return HttpSink
 
@@ -202,7 +202,7 @@ class IcebergHarness(Harness):
                 "iceberg.warehouse": f"file://{self.tmp}/warehouse", "iceberg.table": f"conformance.{self.unique}"}
 
     def cls(self):
-        from connectors.iceberg import IcebergSink
+        from eosink.connectors.iceberg.sink import IcebergSink
 
         return IcebergSink
 

@@ -14,11 +14,11 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from connectors import memory
-from connectors.records import TopicPartition
+from eosink.connectors import memory
+from eosink.connectors.api.records import TopicPartition
 from tests.fakes import FailingSink, FaultPlan, FlakyDecisionLog, ListSource, fatal, retryable, unknown
-from worker.decision import MemoryDecisionLog
-from worker.task import CycleOutcome, SinkTask, TaskSettings, TaskState
+from eosink.worker.engine.decision import MemoryDecisionLog
+from eosink.worker.engine.task import CycleOutcome, SinkTask, TaskSettings, TaskState
 
 TPS = [TopicPartition("outbox", 0), TopicPartition("outbox", 1)]
 SINKS = ("a", "b")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from connectors.records import TopicPartition
-from worker.decision import PartitionsFenced, ZooKeeperDecisionLog
-from worker.zk import ZkSession
+from eosink.connectors.api.records import TopicPartition
+from eosink.worker.engine.decision import PartitionsFenced, ZooKeeperDecisionLog
+from eosink.worker.engine.zk import ZkSession
 
 TPS = [TopicPartition("t", 0), TopicPartition("t", 1)]
 
@@ -48,7 +48,7 @@ def test_generations_increase_and_never_repeat(sessions):
 
 
 def test_decision_refused_before_sending_while_suspended(sessions, monkeypatch):
-    from connectors.errors import RetryableError
+    from eosink.connectors.api.errors import RetryableError
 
     a = ZooKeeperDecisionLog(sessions[0], "a")
     g = a.acquire("c", TPS)

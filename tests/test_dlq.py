@@ -13,14 +13,14 @@ from collections.abc import Mapping
 
 import pytest
 
-from connectors import memory
-from connectors.errors import RecordError, RetryableError
-from connectors.memory import MemorySink
-from connectors.records import SinkRecord, TopicPartition, TxnManifest
+from eosink.connectors import memory
+from eosink.connectors.api.errors import RecordError, RetryableError
+from eosink.connectors.memory import MemorySink
+from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
 from tests.fakes import ListSource
-from worker.decision import MemoryDecisionLog
-from worker.source import Batch, FailedRecord
-from worker.task import CycleOutcome, SinkTask, TaskSettings, TaskState
+from eosink.worker.engine.decision import MemoryDecisionLog
+from eosink.worker.engine.source import Batch, FailedRecord
+from eosink.worker.engine.task import CycleOutcome, SinkTask, TaskSettings, TaskState
 
 TP = TopicPartition("outbox", 0)
 
@@ -243,7 +243,7 @@ def test_poison_records_reach_the_dead_letter_topic_exactly_once_across_kill_9(f
         h = {k: v.decode() for k, v in m.headers()}
         assert h["__connect.errors.topic"] == topic and h["__connect.errors.connector.name"] == connector
         assert int(h["__connect.errors.partition"]) in (0, 1, 2) and int(h["__connect.errors.offset"]) >= 0
-        assert h["__connect.errors.exception.class.name"] == "connectors.errors.RecordError"
+        assert h["__connect.errors.exception.class.name"] == "eosink.connectors.api.errors.RecordError"
         if b"undecodable" in m.value():
             assert h["__connect.errors.stage"] == "VALUE_CONVERTER" and "decoded" in h["__connect.errors.exception.message"]
         else:

@@ -31,7 +31,7 @@ def _publish_aborted(bootstrap: str, topic: str, n: int) -> set[str]:
 
 
 def test_spark_outbox_to_postgres_exactly_once_and_aborted_txn_never_arrives(spark, stack, make_topic, unique, pg, tmp_path):  # noqa: F811
-    from spark_jobs.jobs import orders
+    from eosink.spark_jobs.jobs import orders
 
     topic = make_topic(4)
     n = 5000
@@ -87,8 +87,8 @@ def test_spark_outbox_to_postgres_exactly_once_and_aborted_txn_never_arrives(spa
 
 
 def test_connector_json_errors_name_the_problem(tmp_path):
-    from connectors.errors import ConfigError
-    from worker.config import load_connector_file
+    from eosink.connectors.api.errors import ConfigError
+    from eosink.worker.control.config import load_connector_file
 
     cases = {
         "broken.json": ('{"name": "x", "config": {', "not valid JSON"),
@@ -116,7 +116,7 @@ def test_cli_apply_of_a_bad_file_prints_one_line_and_exits_nonzero(tmp_path, sta
 
     bad = tmp_path / "bad.json"
     bad.write_text('{"name": "x", "config": {"connector.class": "postgres"}}')
-    r = subprocess.run([sys.executable, "-m", "worker.cli", "connectors", "--zookeeper", stack.zookeeper_hosts, "apply", str(bad)],
+    r = subprocess.run([sys.executable, "-m", "eosink.worker.clients.cli", "connectors", "--zookeeper", stack.zookeeper_hosts, "apply", str(bad)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and "key 'topics'" in r.stderr and "bad.json" in r.stderr, r.stderr

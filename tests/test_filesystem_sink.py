@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
-from connectors.errors import ConfigError
-from connectors.filesystem import FilesystemSink
-from connectors.records import SinkRecord
+from eosink.connectors.api.errors import ConfigError
+from eosink.connectors.filesystem import FilesystemSink
+from eosink.connectors.api.records import SinkRecord
 from tests.sinkkit import prepare
 
 

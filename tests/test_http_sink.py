@@ -21,15 +21,15 @@ from typing import Any
 
 import pytest
 
-from connectors.config import MASK
-from connectors.errors import ConfigError, FatalError, FencedError, RecordError, RetryableError
-from connectors.http import HttpSink
-from connectors.http_reference_server import Store
-from connectors.records import PartitionRange, SinkRecord, TopicPartition, TxnManifest
+from eosink.connectors.api.config import MASK
+from eosink.connectors.api.errors import ConfigError, FatalError, FencedError, RecordError, RetryableError
+from eosink.connectors.http.sink import HttpSink
+from eosink.connectors.http.reference_server import Store
+from eosink.connectors.api.records import PartitionRange, SinkRecord, TopicPartition, TxnManifest
 from tests.fakes import ListSource
 from tests.sinkkit import prepare, records
-from worker.decision import MemoryDecisionLog
-from worker.task import CycleOutcome, SinkTask, TaskSettings, TaskState
+from eosink.worker.engine.decision import MemoryDecisionLog
+from eosink.worker.engine.task import CycleOutcome, SinkTask, TaskSettings, TaskState
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,7 +42,7 @@ def free_port() -> int:
 
 
 class ServerProc:
-    """``python -m connectors.http_reference_server`` as a child process."""
+    """``python -m eosink.connectors.http.reference_server`` as a child process."""
 
     def __init__(self, data_dir: Path, token: str | None = None) -> None:
         self.data_dir, self.token, self.port = data_dir, token, free_port()
@@ -53,7 +53,7 @@ class ServerProc:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> "ServerProc":
-        argv = [sys.executable, "-m", "connectors.http_reference_server", "--port", str(self.port), "--data-dir", str(self.data_dir)]
+        argv = [sys.executable, "-m", "eosink.connectors.http.reference_server", "--port", str(self.port), "--data-dir", str(self.data_dir)]
         if self.token:
             argv += ["--token", self.token]
         self.proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -22,14 +22,14 @@ from unittest import mock
 
 import pytest
 
-from connectors.errors import FatalError, FencedError, RecordError, RetryableError
-from connectors.records import SinkRecord
+from eosink.connectors.api.errors import FatalError, FencedError, RecordError, RetryableError
+from eosink.connectors.api.records import SinkRecord
 
 pytest.importorskip("pyiceberg")
 
 from pyiceberg.catalog import load_catalog  # noqa: E402
 
-from connectors.iceberg import SUMMARY_CONNECTOR, SUMMARY_EPOCHS, SUMMARY_OFFSETS, SUMMARY_TXN, IcebergSink  # noqa: E402
+from eosink.connectors.iceberg.sink import SUMMARY_CONNECTOR, SUMMARY_EPOCHS, SUMMARY_OFFSETS, SUMMARY_TXN, IcebergSink  # noqa: E402
 from tests.sinkkit import prepare  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -149,7 +149,7 @@ def data_files(target: Target, table: str) -> list[str]:
 
 # -- configuration ---------------------------------------------------------------------------------
 def test_config_is_checked_before_anything_connects() -> None:
-    from connectors.errors import ConfigError
+    from eosink.connectors.api.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:
         IcebergSink("c", {"iceberg.catalog.uri": "sqlite:///x.db", "iceberg.table": "t"})
@@ -450,7 +450,7 @@ def test_partition_spec_from_config_one_file_per_partition(local: Target, unique
     try:
         import pyiceberg_core  # noqa: F401
     except ImportError:  # every transform but identity needs it: refused up front, not at the first write
-        from connectors.errors import ConfigError
+        from eosink.connectors.api.errors import ConfigError
 
         with pytest.raises(ConfigError, match="pyiceberg-core"):
             local.sink(unique, **{"iceberg.partition.fields": "__partition, bucket(4, user)"})
@@ -497,8 +497,8 @@ REST_POM = """<?xml version="1.0" encoding="UTF-8"?>
 
 
 def resolve_jars(name: str, pom_dir: Path) -> Path:
-    """``worker.stack.jvm.resolve_jars`` (its cache and Maven lock) for a pom outside worker/stack/jvm."""
-    from worker.stack import jvm
+    """``eosink.worker.stack.jvm.resolve_jars`` (its cache and Maven lock) for a pom outside worker/stack/jvm."""
+    from eosink.worker.stack import jvm
 
     with mock.patch.object(jvm, "POM_DIR", pom_dir):
         return jvm.resolve_jars(name, name)
@@ -513,7 +513,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def rest_catalog(tmp_path_factory) -> Iterator[tuple[str, Path]]:
     """``(url, warehouse dir)`` of a RESTCatalogServer started for this module, stopped after it."""
-    from worker.stack import jvm
+    from eosink.worker.stack import jvm
 
     poms = tmp_path_factory.mktemp("poms")
     (poms / "iceberg-rest-fixture").mkdir()

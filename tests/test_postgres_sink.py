@@ -25,12 +25,12 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from connectors.errors import ConfigError, FatalError, FencedError, RecordError, RetryableError
-from connectors.postgres import PostgresSink
-from connectors.records import SinkRecord, TopicPartition, TxnManifest
+from eosink.connectors.api.errors import ConfigError, FatalError, FencedError, RecordError, RetryableError
+from eosink.connectors.postgres.sink import PostgresSink
+from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
 from tests.sinkkit import manifest_for as manifest
 from tests.sinkkit import prepare, records
-from worker.stack import Endpoints
+from eosink.worker.stack import Endpoints
 
 MakeSink = Callable[..., PostgresSink]
 PG = psycopg.Connection[Any]
@@ -349,7 +349,7 @@ def test_recover_reports_prepared_gid_without_manifest_with_no_ranges(
     conn.execute("SELECT 1")
     conn.tpc_prepare()
     conn.close()  # not `with`: its exit would commit(), which psycopg refuses after tpc_prepare()
-    with caplog.at_level(logging.WARNING, logger="connectors.postgres"):
+    with caplog.at_level(logging.WARNING, logger="eosink.connectors.postgres.sink"):
         found = sink.recover()
     assert found == [TxnManifest(f"{unique}.w7.7.7", unique, ())]
     assert f"eosink:{unique}.w7.7.7 has no manifest" in caplog.text
@@ -385,7 +385,7 @@ def test_connections_killed_between_cycles_reconnect_without_losing_a_cycle(
 def test_postgres_restart_between_prepare_and_commit(
     make_sink: MakeSink, pg: PG, stack: Endpoints, topic: str, table: str, unique: str
 ) -> None:
-    from worker.stack import start_component, stop_component
+    from eosink.worker.stack import start_component, stop_component
 
     sink = make_sink()
     prepare(sink, f"{unique}.w1.1.1", records(topic, [order(i) for i in range(3)]))

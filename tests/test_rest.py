@@ -293,8 +293,8 @@ def test_failed_task_shows_its_trace_and_restart_only_failed_restarts_it(worker,
 def test_in_doubt_endpoint_lists_a_decided_uncommitted_txn_until_recovery_commits_it(stack, make_topic, unique, pg, tmp_path):
     """The runbook's fatal case: decided in ZooKeeper, not committed in PostgreSQL (the worker died)."""
     from tests.procs import WorkerProcess, register
-    from worker.runner import ConnectorStore
-    from worker.zk import ZkSession
+    from eosink.worker.control.runner import ConnectorStore
+    from eosink.worker.engine.zk import ZkSession
 
     topic = make_topic(1)
     name = unique  # connector names are unique per test: txn ids are unique only within a cluster
@@ -327,14 +327,14 @@ def test_in_doubt_endpoint_lists_a_decided_uncommitted_txn_until_recovery_commit
 def test_connector_plugins_config_and_validate(worker):
     plugins = call(worker.url, "GET", "/connector-plugins")[1]
     classes = {p["class"] for p in plugins}
-    assert {"connectors.postgres.PostgresSink", "connectors.filesystem.FilesystemSink", "fanout"} <= classes
+    assert {"eosink.connectors.postgres.sink.PostgresSink", "eosink.connectors.filesystem.FilesystemSink", "fanout"} <= classes
     assert all(p["type"] == "sink" for p in plugins)
     keys = {k["name"]: k for k in call(worker.url, "GET", "/connector-plugins/postgres/config")[1]}
     assert keys["connection.url"]["required"] and keys["connection.password"]["type"] == "PASSWORD"
     assert "errors.tolerance" in keys and keys["errors.tolerance"]["default_value"] == "none"
     status, infos, _ = call(worker.url, "PUT", "/connector-plugins/PostgresSink/config/validate",
                             {"name": "v", "topics": "t", "tasks.max": "x", "connection.password": SECRET})
-    assert status == 200 and infos["name"] == "connectors.postgres.PostgresSink"
+    assert status == 200 and infos["name"] == "eosink.connectors.postgres.sink.PostgresSink"
     errors = {c["value"]["name"]: c["value"]["errors"] for c in infos["configs"] if c["value"]["errors"]}
     assert set(errors) == {"tasks.max", "connection.url"} and infos["error_count"] == 2, errors
     shown = {c["value"]["name"]: c["value"]["value"] for c in infos["configs"]}

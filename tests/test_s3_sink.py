@@ -17,16 +17,16 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from connectors import s3 as s3mod
-from connectors.config import MASK
-from connectors.errors import ConfigError, FatalError, FencedError, RecordError, RetryableError
-from connectors.records import SinkRecord, TopicPartition
-from connectors.s3 import S3Sink
+from eosink.connectors.s3 import sink as s3mod
+from eosink.connectors.api.config import MASK
+from eosink.connectors.api.errors import ConfigError, FatalError, FencedError, RecordError, RetryableError
+from eosink.connectors.api.records import SinkRecord, TopicPartition
+from eosink.connectors.s3.sink import S3Sink
 from tests.fakes import ListSource
 from tests.sinkkit import prepare, records
-from worker.decision import MemoryDecisionLog
-from worker.stack import Endpoints
-from worker.task import CycleOutcome, SinkTask, TaskSettings, TaskState
+from eosink.worker.engine.decision import MemoryDecisionLog
+from eosink.worker.stack import Endpoints
+from eosink.worker.engine.task import CycleOutcome, SinkTask, TaskSettings, TaskState
 
 MakeSink = Callable[..., S3Sink]
 
@@ -327,7 +327,7 @@ def test_objects_over_the_part_size_are_uploaded_in_parts_and_arrive_whole(make_
 # -- errors -------------------------------------------------------------------------------------
 @pytest.mark.chaos
 def test_s3_down_is_retryable_for_every_operation_and_the_sink_works_once_it_is_back(make_sink, client, bucket, unique):
-    from worker.stack import start_component, stop_component
+    from eosink.worker.stack import start_component, stop_component
 
     sink = make_sink(**{"s3.max.attempts": 1})
     prepare(sink, f"{unique}.w.1.1", records("t", [{"n": 1}]))

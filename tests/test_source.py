@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from worker import source
+from eosink.worker.engine import source
 
 
 class _Cycle:

@@ -25,7 +25,7 @@ def order_ids(n: int) -> list[str]:
 
 
 def test_orders_job_via_cli_two_outboxes_and_rerun(spark, stack, make_topic, unique, capsys):  # noqa: F811
-    from spark_jobs.cli import main
+    from eosink.spark_jobs.cli import main
 
     orders, events = make_topic(3), make_topic(3)
     argv = ["run", "orders", "--bootstrap", stack.kafka_bootstrap, "--topic", orders, "--events-topic", events,
@@ -47,7 +47,7 @@ def test_orders_job_via_cli_two_outboxes_and_rerun(spark, stack, make_topic, uni
 
 
 def test_cli_rejects_unknown_job(capsys):
-    from spark_jobs.cli import main
+    from eosink.spark_jobs.cli import main
 
     assert main(["run", "nope"]) == 2
     assert "unknown job" in capsys.readouterr().err
@@ -73,7 +73,7 @@ def _expected(txns: list[dict], threshold: float = 10_000.0) -> tuple[dict[str, 
 
 @pytest.mark.parametrize("fmt", ["json", "csv", "parquet"])
 def test_balance_alerts_from_files(spark, stack, make_topic, unique, tmp_path, fmt):  # noqa: F811
-    from spark_jobs.jobs import balance_alerts
+    from eosink.spark_jobs.jobs import balance_alerts
 
     txns = _transactions()
     balances, high = _expected(txns)
@@ -100,7 +100,7 @@ def test_balance_alerts_from_files(spark, stack, make_topic, unique, tmp_path, f
 def test_balance_alerts_from_kafka_reads_only_committed_transactions(spark, stack, make_topic, unique):  # noqa: F811
     from confluent_kafka import Producer
 
-    from spark_jobs.jobs import balance_alerts
+    from eosink.spark_jobs.jobs import balance_alerts
 
     source = make_topic(2)
     txns = _transactions()
@@ -124,8 +124,8 @@ def test_balance_alerts_from_kafka_reads_only_committed_transactions(spark, stac
 
 
 def test_orders_job_with_spark_submit(stack, make_topic, unique):
-    """``spark-submit spark_jobs/jobs/orders.py``: the checkout is not on the workers' path, so
-    this also proves the packages are shipped to the executors."""
+    """``spark-submit spark_jobs/jobs/orders.py`` as a data engineer runs it: the script is a file
+    path, not a module, and imports ``eosink.*`` from the interpreter eosink is installed in."""
     import pyspark
 
     orders = make_topic(2)

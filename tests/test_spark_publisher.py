@@ -2,7 +2,7 @@
 
 Every test reads back with a read_committed consumer to the log end and counts by key and by
 ``eosink.id``: each expected record exactly once, nothing missing, nothing from an aborted
-transaction. Failures are injected with :mod:`spark_jobs.faults` hooks (off by default).
+transaction. Failures are injected with :mod:`eosink.spark_jobs.faults` hooks (off by default).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def keys(lo: int, hi: int) -> list[str]:
 
 
 def publish(spark, stack, topic, unique, run_id="r1", **kw):  # noqa: F811
-    from spark_jobs import publish_outbox
+    from eosink.spark_jobs import publish_outbox
 
     kw.setdefault("key", "k")
     df = kw.pop("df", None) or frame(spark)
@@ -57,7 +57,7 @@ def publish(spark, stack, topic, unique, run_id="r1", **kw):  # noqa: F811
 
 
 def test_every_row_once_with_stable_ids_two_outboxes_one_transaction(spark, stack, make_topic, unique):  # noqa: F811
-    from spark_jobs import Outbox
+    from eosink.spark_jobs import Outbox
 
     rows_topic, events_topic = make_topic(3), make_topic(2)
     res = publish(
@@ -94,7 +94,7 @@ def test_every_row_once_with_stable_ids_two_outboxes_one_transaction(spark, stac
 
 
 def test_task_failing_after_commit_is_retried_without_duplicates(spark, stack, make_topic, unique):  # noqa: F811
-    from spark_jobs.faults import FailAt
+    from eosink.spark_jobs.faults import FailAt
 
     topic = make_topic(2)
     res = publish(spark, stack, topic, unique, fault_hook=FailAt("after_commit"))  # attempt 0 of every partition
@@ -106,7 +106,7 @@ def test_task_failing_after_commit_is_retried_without_duplicates(spark, stack, m
 
 
 def test_task_failing_before_commit_is_never_visible(spark, stack, make_topic, unique):  # noqa: F811
-    from spark_jobs.faults import FailAt
+    from eosink.spark_jobs.faults import FailAt
 
     topic = make_topic(1)
     # Partition 1's first attempt flushes its records and ledger entry, then its Python worker dies
@@ -125,8 +125,8 @@ def test_task_failing_before_commit_is_never_visible(spark, stack, make_topic, u
 
 
 def test_job_failing_for_good_publishes_no_half_partition_and_rerun_completes(spark, stack, make_topic, unique):  # noqa: F811
-    from spark_jobs.errors import PublishError
-    from spark_jobs.faults import FailAt
+    from eosink.spark_jobs.errors import PublishError
+    from eosink.spark_jobs.faults import FailAt
 
     topic = make_topic(2)
     always = frozenset(range(4))
@@ -162,12 +162,12 @@ def test_rerun_same_run_id_publishes_nothing_new_run_id_publishes_a_new_set(spar
 
 
 def _spec(stack, unique, topic):
-    from spark_jobs.kafka_checks import admin_client, cluster_metadata, ensure_ledger_topic
-    from spark_jobs.ledger import LedgerReader
-    from spark_jobs.naming import LEDGER_TOPIC
-    from spark_jobs.outbox import CompiledOutbox
-    from spark_jobs.publisher import producer_config
-    from spark_jobs.task import TaskSpec
+    from eosink.spark_jobs.kafka_checks import admin_client, cluster_metadata, ensure_ledger_topic
+    from eosink.spark_jobs.ledger import LedgerReader
+    from eosink.spark_jobs.naming import LEDGER_TOPIC
+    from eosink.spark_jobs.outbox import CompiledOutbox
+    from eosink.spark_jobs.publisher import producer_config
+    from eosink.spark_jobs.task import TaskSpec
 
     conf = producer_config(stack.kafka_bootstrap)
     admin = admin_client(conf)
@@ -190,8 +190,8 @@ def _batch(lo: int, hi: int):
 
 
 def test_zombie_attempt_is_fenced_by_a_newer_attempt(stack, make_topic, unique):
-    from spark_jobs.errors import TransactionFencedError
-    from spark_jobs.task import PartitionPublisher
+    from eosink.spark_jobs.errors import TransactionFencedError
+    from eosink.spark_jobs.task import PartitionPublisher
 
     topic = make_topic(1)
     spec = _spec(stack, unique, topic)
@@ -220,7 +220,7 @@ def test_ledger_check_reads_to_the_log_end_not_the_last_stable_offset(stack, mak
     check must wait for it instead of concluding "not published" (which would duplicate)."""
     from confluent_kafka import Producer
 
-    from spark_jobs.task import PartitionPublisher
+    from eosink.spark_jobs.task import PartitionPublisher
 
     topic = make_topic(1)
     spec = _spec(stack, unique, topic)
@@ -253,7 +253,7 @@ def test_ledger_check_reads_to_the_log_end_not_the_last_stable_offset(stack, mak
 
 
 def test_missing_key_column_names_it_and_lists_the_columns(spark, stack, make_topic, unique):  # noqa: F811
-    from spark_jobs.errors import MissingColumnError
+    from eosink.spark_jobs.errors import MissingColumnError
 
     topic = make_topic(1)
     with pytest.raises(MissingColumnError) as err:
@@ -264,8 +264,8 @@ def test_missing_key_column_names_it_and_lists_the_columns(spark, stack, make_to
 
 
 def test_unreachable_broker_names_the_bootstrap_servers(spark, unique):  # noqa: F811
-    from spark_jobs import publish_outbox
-    from spark_jobs.errors import BrokerUnreachableError
+    from eosink.spark_jobs import publish_outbox
+    from eosink.spark_jobs.errors import BrokerUnreachableError
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -276,15 +276,15 @@ def test_unreachable_broker_names_the_bootstrap_servers(spark, unique):  # noqa:
 
 
 def test_transaction_timeout_above_the_broker_maximum_is_refused(spark, stack, make_topic, unique):  # noqa: F811
-    from spark_jobs.errors import TransactionTimeoutError
+    from eosink.spark_jobs.errors import TransactionTimeoutError
 
     with pytest.raises(TransactionTimeoutError, match="transaction.max.timeout.ms=900000"):
         publish(spark, stack, make_topic(1), unique, transaction_timeout_ms=900_001)
 
 
 def test_partition_longer_than_its_transaction_budget_fails_clearly(spark, stack, make_topic, unique):  # noqa: F811
-    from spark_jobs.errors import TaskTooLongError
-    from spark_jobs.faults import SleepAt
+    from eosink.spark_jobs.errors import TaskTooLongError
+    from eosink.spark_jobs.faults import SleepAt
 
     topic = make_topic(1)
     slow = SleepAt("after_first_batch", 1.3, attempts=frozenset(range(4)))
@@ -299,10 +299,10 @@ def test_partition_longer_than_its_transaction_budget_fails_clearly(spark, stack
 SPECULATION_DRIVER = textwrap.dedent(
     """
     import json, sys
-    from spark_jobs import Outbox, publish_outbox
-    from spark_jobs.faults import Hooks, SleepAt, TouchAt, WaitAt
-    from spark_jobs.jobs.orders import ORDER_COLUMNS, orders_frame
-    from spark_jobs.session import build_session
+    from eosink.spark_jobs import Outbox, publish_outbox
+    from eosink.spark_jobs.faults import Hooks, SleepAt, TouchAt, WaitAt
+    from eosink.spark_jobs.jobs.orders import ORDER_COLUMNS, orders_frame
+    from eosink.spark_jobs.session import build_session
 
     master, bootstrap, orders_topic, events_topic, job, committed_flag = sys.argv[1:7]
     spark = build_session("eosink-speculation", master=master, conf={

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.stack import StackNotRunning, load_endpoints, start_component, stop_component
+from eosink.worker.stack import StackNotRunning, load_endpoints, start_component, stop_component
 
 REPO = Path(__file__).resolve().parent.parent
 PORT_VARS = {
@@ -29,10 +29,10 @@ PORT_VARS = {
 
 
 def run_stack(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``python -m worker.stack ...`` as a user runs it (the shared stack's env unless ``env``)."""
+    """``python -m eosink.worker.stack ...`` as a user runs it (the shared stack's env unless ``env``)."""
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "worker.stack", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "eosink.worker.stack", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 

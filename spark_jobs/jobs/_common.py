@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import ModuleType
 
-from connectors.errors import ConfigError, EosinkError
+from eosink.connectors.api.errors import ConfigError, EosinkError
 
 
 def new_run_id() -> str:
@@ -25,7 +25,7 @@ def default_bootstrap() -> str | None:
     if os.environ.get("EOSINK_KAFKA_BOOTSTRAP"):
         return os.environ["EOSINK_KAFKA_BOOTSTRAP"]
     try:
-        from worker.stack import load_endpoints
+        from eosink.worker.stack import load_endpoints
 
         return load_endpoints().kafka_bootstrap
     except Exception:  # noqa: BLE001 - no stack package or no running stack: fall back to the file
@@ -42,7 +42,7 @@ def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int = 3, ti
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from spark_jobs.errors import BrokerUnreachableError
+    from eosink.spark_jobs.errors import BrokerUnreachableError
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     try:
@@ -80,7 +80,7 @@ def main(module: ModuleType, argv: list[str] | None = None, prog: str | None = N
     try:
         if not args.bootstrap:
             raise ConfigError("no Kafka bootstrap servers: pass --bootstrap or start the stack", key="bootstrap")
-        from spark_jobs.session import build_session
+        from eosink.spark_jobs.session import build_session
 
         # Outside spark-submit, default to local mode with task retries (plain local[*] never retries).
         master = args.master or (None if "PYSPARK_GATEWAY_PORT" in os.environ else "local[*,4]")

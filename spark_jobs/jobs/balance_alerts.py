@@ -15,24 +15,19 @@ Input: ``--source`` is a Parquet/CSV/JSON path or ``kafka:<topic>`` (read with
 
 from __future__ import annotations
 
+import argparse
 import sys
-from pathlib import Path
+from typing import Any
 
-if __name__ == "__main__" and not __package__:  # spark-submit spark_jobs/jobs/balance_alerts.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import DoubleType, StringType, StructField, StructType, TimestampType
 
-import argparse  # noqa: E402
-from typing import Any  # noqa: E402
-
-from pyspark.sql import DataFrame, SparkSession  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
-from pyspark.sql.types import DoubleType, StringType, StructField, StructType, TimestampType  # noqa: E402
-
-from spark_jobs.jobs._common import ensure_topics  # noqa: E402
-from spark_jobs.outbox import Outbox  # noqa: E402
-from spark_jobs.publisher import publish_outbox  # noqa: E402
-from spark_jobs.sources import read_source  # noqa: E402
-from spark_jobs.task import FaultHook  # noqa: E402
+from eosink.spark_jobs.jobs._common import ensure_topics
+from eosink.spark_jobs.outbox import Outbox
+from eosink.spark_jobs.publisher import publish_outbox
+from eosink.spark_jobs.sources import read_source
+from eosink.spark_jobs.task import FaultHook
 
 NAME = "balance_alerts"
 DEFAULT_THRESHOLD = 10_000.0
@@ -155,6 +150,6 @@ def run_from_args(spark: SparkSession, args: argparse.Namespace) -> dict[str, An
 
 
 if __name__ == "__main__":
-    from spark_jobs.jobs._common import main
+    from eosink.spark_jobs.jobs._common import main
 
     sys.exit(main(sys.modules[__name__], sys.argv[1:], prog="balance_alerts"))

@@ -4,30 +4,25 @@ partition, one ``order_created`` event per order into an events outbox.
 Typically the orders outbox feeds PostgreSQL and the events outbox Iceberg: a sink never sees an
 order without its event or the other way round, and never either of them twice.
 
-    python -m spark_jobs.jobs.orders --topic orders --events-topic order_events --n 10000 --run-id r1
+    python -m eosink.spark_jobs.jobs.orders --topic orders --events-topic order_events --n 10000 --run-id r1
     spark-submit spark_jobs/jobs/orders.py --topic orders --n 10000 --run-id r1
     eosink spark run orders --topic orders --n 10000 --run-id r1
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
-from pathlib import Path
+from typing import Any
 
-if __name__ == "__main__" and not __package__:  # spark-submit spark_jobs/jobs/orders.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
-import argparse  # noqa: E402
-from typing import Any  # noqa: E402
-
-from pyspark.sql import DataFrame, SparkSession  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
-
-from spark_jobs.faults import FailAt  # noqa: E402
-from spark_jobs.jobs._common import ensure_topics  # noqa: E402
-from spark_jobs.outbox import Outbox  # noqa: E402
-from spark_jobs.publisher import publish_outbox  # noqa: E402
-from spark_jobs.task import FaultHook  # noqa: E402
+from eosink.spark_jobs.faults import FailAt
+from eosink.spark_jobs.jobs._common import ensure_topics
+from eosink.spark_jobs.outbox import Outbox
+from eosink.spark_jobs.publisher import publish_outbox
+from eosink.spark_jobs.task import FaultHook
 
 NAME = "orders"
 ORDER_COLUMNS = ["order_id", "customer", "amount", "currency", "items", "status", "ts"]
@@ -124,6 +119,6 @@ def run_from_args(spark: SparkSession, args: argparse.Namespace) -> dict[str, An
 
 
 if __name__ == "__main__":
-    from spark_jobs.jobs._common import main
+    from eosink.spark_jobs.jobs._common import main
 
     sys.exit(main(sys.modules[__name__], sys.argv[1:], prog="orders"))

@@ -6,9 +6,9 @@ workers find it through :func:`load_endpoints`; crash tests restart single serve
 :func:`stop_component` / :func:`start_component`.
 """
 
-from worker.stack.endpoints import Endpoints, load_endpoints
-from worker.stack.errors import ComponentError, StackError, StackNotRunning
-from worker.stack.manager import ComponentStatus, down, start_component, status, stop_component, up
+from eosink.worker.stack.endpoints import Endpoints, load_endpoints
+from eosink.worker.stack.errors import ComponentError, StackError, StackNotRunning
+from eosink.worker.stack.manager import ComponentStatus, down, start_component, status, stop_component, up
 
 __all__ = [
     "ComponentError",

@@ -1,5 +1,5 @@
-"""``python -m worker.stack up|down|status [--json] [--only COMPONENT]``."""
+"""``python -m eosink.worker.stack up|down|status [--json] [--only COMPONENT]``."""
 
-from worker.stack.cli import main
+from eosink.worker.stack.cli import main
 
 raise SystemExit(main())

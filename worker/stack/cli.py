@@ -1,4 +1,4 @@
-"""``eosink stack up|down|status`` (also ``python -m worker.stack``): never a bare traceback.
+"""``eosink stack up|down|status`` (also ``python -m eosink.worker.stack``): never a bare traceback.
 
 Errors from the stack are printed as their one-paragraph message and exit 1; set
 ``EOSINK_DEBUG=1`` to get the traceback of an unexpected error instead.
@@ -11,10 +11,10 @@ import json
 import os
 import sys
 
-from worker.stack import manager
-from worker.stack.components import COMPONENTS
-from worker.stack.errors import StackError
-from worker.stack.layout import StackLayout
+from eosink.worker.stack import manager
+from eosink.worker.stack.components import COMPONENTS
+from eosink.worker.stack.errors import StackError
+from eosink.worker.stack.layout import StackLayout
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worker.stack.errors import StackError, StackNotRunning
-from worker.stack.layout import StackLayout
+from eosink.worker.stack.errors import StackError, StackNotRunning
+from eosink.worker.stack.layout import StackLayout
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ import subprocess
 import threading
 from pathlib import Path
 
-from worker.stack import proc
-from worker.stack.errors import ComponentError
+from eosink.worker.stack import proc
+from eosink.worker.stack.errors import ComponentError
 
 POM_DIR = Path(__file__).resolve().parent / "jvm"
 MAVEN_TIMEOUT_S = 600

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.stack.errors import StackError
+from eosink.worker.stack.errors import StackError
 
 HOST = "127.0.0.1"
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worker.stack import proc
-from worker.stack.components import COMPONENTS, Component
-from worker.stack.endpoints import remove_endpoints, write_endpoints
-from worker.stack.errors import ComponentError, StackError
-from worker.stack.layout import HOST, StackLayout
+from eosink.worker.stack import proc
+from eosink.worker.stack.components import COMPONENTS, Component
+from eosink.worker.stack.endpoints import remove_endpoints, write_endpoints
+from eosink.worker.stack.errors import ComponentError, StackError
+from eosink.worker.stack.layout import HOST, StackLayout
 
 Report = Callable[[str], None]
 

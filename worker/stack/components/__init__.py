@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from worker.stack.components.base import Component
-from worker.stack.components.kafka import Kafka
-from worker.stack.components.postgres import Postgres
-from worker.stack.components.s3 import S3
-from worker.stack.components.zookeeper import ZooKeeper
+from eosink.worker.stack.components.base import Component
+from eosink.worker.stack.components.kafka import Kafka
+from eosink.worker.stack.components.postgres import Postgres
+from eosink.worker.stack.components.s3 import S3
+from eosink.worker.stack.components.zookeeper import ZooKeeper
 
 COMPONENTS: dict[str, type[Component]] = {c.name: c for c in (ZooKeeper, Kafka, Postgres, S3)}
 

@@ -6,9 +6,9 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
 
-from worker.stack import proc
-from worker.stack.errors import ComponentError
-from worker.stack.layout import StackLayout
+from eosink.worker.stack import proc
+from eosink.worker.stack.errors import ComponentError
+from eosink.worker.stack.layout import StackLayout
 
 
 class Component(ABC):

@@ -9,9 +9,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from worker.stack import jvm, proc
-from worker.stack.components.base import Component
-from worker.stack.layout import HOST, port
+from eosink.worker.stack import jvm, proc
+from eosink.worker.stack.components.base import Component
+from eosink.worker.stack.layout import HOST, port
 
 PORT_ENV = "EOSINK_KAFKA_PORT"
 CONTROLLER_PORT_ENV = "EOSINK_KAFKA_CONTROLLER_PORT"

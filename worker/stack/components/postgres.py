@@ -19,9 +19,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from worker.stack import proc
-from worker.stack.components.base import Component
-from worker.stack.layout import HOST, port
+from eosink.worker.stack import proc
+from eosink.worker.stack.components.base import Component
+from eosink.worker.stack.layout import HOST, port
 
 PORT_ENV = "EOSINK_POSTGRES_PORT"
 USER = "eosink"

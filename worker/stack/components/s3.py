@@ -6,9 +6,9 @@ import importlib.util
 import sys
 from typing import Any
 
-from worker.stack import proc
-from worker.stack.components.base import Component
-from worker.stack.layout import HOST, port
+from eosink.worker.stack import proc
+from eosink.worker.stack.components.base import Component
+from eosink.worker.stack.layout import HOST, port
 
 PORT_ENV = "EOSINK_S3_PORT"
 CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}

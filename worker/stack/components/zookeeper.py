@@ -6,9 +6,9 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from worker.stack import jvm, proc
-from worker.stack.components.base import Component
-from worker.stack.layout import HOST, port
+from eosink.worker.stack import jvm, proc
+from eosink.worker.stack.components.base import Component
+from eosink.worker.stack.layout import HOST, port
 
 PORT_ENV = "EOSINK_ZOOKEEPER_PORT"
 

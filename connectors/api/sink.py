@@ -1,0 +1,114 @@
+"""The two-phase-commit sink contract (``connect/api`` to the engine's ``connect/runtime``).
+
+One instance of a sink serves one task of one connector. The engine drives it per cycle::
+
+    begin_transaction(txn_id)          a new, stable txn id (connector.worker.generation.counter)
+    write(records)   * n               stage: buffer or write speculatively, never visible
+    pre_commit(manifest)               prepare: durable but invisible, manifest recorded
+      -- the engine records the decision in ZooKeeper (the single commit point) --
+    commit(txn_id) | abort(txn_id)     make the prepared batch visible / discard it
+
+and on start and on every newly acquired partition::
+
+    recover() -> [TxnManifest]         every txn prepared and not yet committed or aborted
+    recover_and_commit(m) | recover_and_abort(m)
+
+Outcomes are the seed's three classes: returning normally is **ok**; raising
+:class:`~eosink.connectors.api.errors.RetryableError` is **retryable**; raising
+:class:`~eosink.connectors.api.errors.FatalError` (or anything unexpected) is **fatal**.
+
+Every operation is idempotent: committing a committed txn, aborting an aborted one, and
+aborting an unknown txn are ok, because any of them is replayed after a retry or a crash.
+
+Sinks that can hold state also fence at the resource: a ``pre_commit`` whose manifest carries
+an epoch older than one already seen for the partition raises :class:`FencedError`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from eosink.connectors.api.config import ConfigDef
+from eosink.connectors.api.records import SinkRecord, TxnManifest
+
+
+class TwoPhaseCommitSink(abc.ABC):
+    """Base of every sink. Subclasses declare ``CONFIG`` and implement the five operations."""
+
+    #: Declared configuration of this connector class (drives validation and docs).
+    CONFIG: ClassVar[ConfigDef] = ConfigDef()
+    #: Short alias accepted in ``connector.class`` (``postgres``, ``filesystem``, ...).
+    ALIAS: ClassVar[str] = ""
+
+    def __init__(self, connector: str, config: Mapping[str, Any]) -> None:
+        self.connector = connector
+        self.config = self.CONFIG.parse(config, source=f"connector '{connector}'")
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def open(self) -> None:
+        """Connect and create what the sink needs (tables, buckets, directories)."""
+
+    def close(self) -> None:
+        """Release connections. Prepared transactions survive on the resource."""
+
+    # -- the commit cycle ------------------------------------------------------------------
+    @abc.abstractmethod
+    def begin_transaction(self, txn_id: str) -> None:
+        """Start staging a new transaction; any unprepared staged data is discarded."""
+
+    @abc.abstractmethod
+    def write(self, records: Sequence[SinkRecord]) -> None:
+        """Stage records (the seed's ``stage``); nothing becomes visible."""
+
+    @abc.abstractmethod
+    def pre_commit(self, manifest: TxnManifest) -> None:
+        """Prepare: make the staged batch durable but invisible, and record ``manifest``."""
+
+    @abc.abstractmethod
+    def commit(self, txn_id: str) -> None:
+        """Make the prepared batch visible atomically. Already committed is ok."""
+
+    @abc.abstractmethod
+    def abort(self, txn_id: str) -> None:
+        """Discard the prepared (or staged) batch. Already aborted or unknown is ok."""
+
+    @abc.abstractmethod
+    def recover(self) -> list[TxnManifest]:
+        """Every transaction of this connector that is prepared and not yet resolved."""
+
+    def recover_and_commit(self, manifest: TxnManifest) -> None:
+        """Commit a txn found by :meth:`recover` that the decision log names."""
+        self.commit(manifest.txn_id)
+
+    def recover_and_abort(self, manifest: TxnManifest) -> None:
+        """Abort a txn found by :meth:`recover` that no decision names."""
+        self.abort(manifest.txn_id)
+
+
+class BatchingSink(TwoPhaseCommitSink):
+    """A sink that stages records in memory and writes the whole batch at ``pre_commit``.
+
+    A connector then writes only what is specific to its target: :meth:`prepare_batch`.
+    """
+
+    def __init__(self, connector: str, config: Mapping[str, Any]) -> None:
+        super().__init__(connector, config)
+        self._txn_id: str | None = None
+        self._batch: list[SinkRecord] = []
+
+    def begin_transaction(self, txn_id: str) -> None:
+        self._txn_id = txn_id
+        self._batch = []
+
+    def write(self, records: Sequence[SinkRecord]) -> None:
+        self._batch.extend(records)
+
+    def pre_commit(self, manifest: TxnManifest) -> None:
+        batch, self._batch = self._batch, []
+        self.prepare_batch(manifest, batch)
+
+    @abc.abstractmethod
+    def prepare_batch(self, manifest: TxnManifest, records: list[SinkRecord]) -> None:
+        """Write ``records`` durably but invisibly under ``manifest.txn_id``."""

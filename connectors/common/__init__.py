@@ -1,0 +1,2 @@
+"""Helpers shared by several connectors (durable writes, JSON Lines encoding).
+"""

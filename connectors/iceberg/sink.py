@@ -1,0 +1,421 @@
+"""Apache Iceberg sink (pyiceberg): Parquet files prepared unreferenced, appended in one snapshot.
+
+One cycle, per :class:`~eosink.connectors.api.sink.TwoPhaseCommitSink`::
+
+    pre_commit(manifest)
+      load (or auto-create / evolve) each target table; refuse an older epoch (the resource fence)
+      check every record against the schema                        -- RecordError, nothing written
+      write Parquet under <table data>/eosink-<txn key>/            -- no snapshot references them
+      write <pending>/<connector>/<txn>.json (manifest + file list) -- now "prepared"; recover() lists it
+    commit(txn)
+      per table: txn id already in a snapshot summary?  -> ok (a replay)
+                 newer epoch in the table's fence state? -> FencedError
+                 one transaction: fast_append(files, snapshot_properties=txn/offsets/epochs)
+                                  + set_properties(fence state per partition)
+      delete the marker
+    abort(txn)   delete the txn's data directory, then the marker (never files a snapshot holds)
+
+**Why a data directory per txn.** ``abort`` must find every file of a prepare that failed half-way
+(before its marker listed them); one prefix per txn is one listing, not a scan of the table.
+
+**Why no pyiceberg commit retries.** pyiceberg retries a conflicting commit by re-applying the append
+on the new head (``commit.retry.num-retries``, default 4): a zombie whose epoch was overtaken while
+it waited would get through. Auto-created tables get ``commit.retry.num-retries=0``, and every
+commit of this sink runs with 0 retries whatever the table says; instead :meth:`commit` retries
+itself (``iceberg.commit.attempts``) after re-reading the table, so the fence and the "already
+committed" check run again on what is really there.
+
+**The resource fence.** Table property ``eosink.state.<connector>.<topic>-<partition>`` =
+``{"epoch", "next_offset", "txn"}``, written in the same metadata commit as the snapshot. A prepare
+or commit carrying an older epoch raises :class:`~eosink.connectors.api.errors.FencedError`. The property also
+answers "already committed?" after the snapshot that carried the txn id has been expired.
+
+**Several tables per txn** (``iceberg.table`` with ``${topic}``): Iceberg has no multi-table commit
+in SQL catalogs, so each table commits on its own. A failed commit is retried (idempotently per
+table) until every table has it: every record lands exactly once, but for a moment a reader can see
+one topic's rows of a txn before another's. One table per connector keeps txns atomic.
+
+**Rows**: every value field is a column (see :mod:`eosink.connectors.iceberg.arrow` for the types), plus
+``__topic``, ``__partition``, ``__offset`` (``fields.kafka``), so duplicates are findable with
+``GROUP BY __topic, __partition, __offset HAVING count(*) > 1``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.io.pyarrow import _dataframe_to_data_files, parquet_files_to_data_files
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.locations import load_location_provider
+
+from eosink.connectors.iceberg import arrow as ia
+from eosink.connectors.iceberg import txn as itx
+from eosink.connectors.iceberg.store import Markers, Storage, txn_key
+from eosink.connectors.iceberg.tables import Tables
+from eosink.connectors.iceberg.txn import (
+    SUMMARY_CONNECTOR,
+    SUMMARY_EPOCHS,
+    SUMMARY_OFFSETS,
+    SUMMARY_TXN,
+    Prepared,
+    TableTxn,
+)
+from eosink.connectors.api.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
+from eosink.connectors.api.errors import ConfigError, FatalError, RetryableError
+from eosink.connectors.api.records import SinkRecord, TxnManifest
+from eosink.connectors.api.sink import BatchingSink
+
+__all__ = ["IcebergSink", "CycleTimings", "SUMMARY_TXN", "SUMMARY_CONNECTOR", "SUMMARY_EPOCHS", "SUMMARY_OFFSETS"]
+log = logging.getLogger(__name__)
+COMPONENT = itx.COMPONENT
+CATALOG_PROPS_PREFIX = "iceberg.catalog.properties."
+TABLE_PROPS_PREFIX = "iceberg.table.properties."
+_S3_KEYS = ("s3.endpoint", "s3.access-key-id", "s3.secret-access-key", "s3.region")
+_REMEMBER_COMMITTED = 1024
+#: Below this cycle length the sink warns about small files (the engine's default is 1000 ms).
+SMALL_FILES_INTERVAL_MS = 10_000
+
+
+@dataclass(slots=True)
+class CycleTimings:
+    """Milliseconds of the last prepare/commit (for metrics and the benchmark)."""
+
+    load_ms: float = 0.0
+    convert_ms: float = 0.0
+    write_ms: float = 0.0
+    marker_ms: float = 0.0
+    commit_ms: float = 0.0  # all of commit()
+    append_ms: float = 0.0  # of which Iceberg's own snapshot commit (what a plain append pays too)
+    rows: int = 0
+    files: int = 0
+
+
+class IcebergSink(BatchingSink):
+    """Exactly-once delivery into Apache Iceberg tables through a SQL or REST catalog."""
+
+    ALIAS = "iceberg"
+    CONFIG = (
+        ConfigDef()
+        .define("iceberg.catalog.type", Type.STRING, "sql", "sql (a JDBC-style catalog in a database, pyiceberg's SqlCatalog, "
+                "readable by Iceberg's JdbcCatalog) or rest (an Iceberg REST catalog).", Importance.HIGH, one_of("sql", "rest"))
+        .define("iceberg.catalog.uri", Type.STRING, doc="sql: a SQLAlchemy URL, e.g. postgresql+psycopg2://user@host:5432/db or "
+                "sqlite:////path/catalog.db; rest: the catalog's base URL, e.g. http://host:8181.", importance=Importance.HIGH,
+                validator=non_empty)
+        .define("iceberg.catalog.name", Type.STRING, "eosink", "Catalog name (a SQL catalog keeps it in catalog_name: readers "
+                "such as Spark must use the same name).", validator=non_empty)
+        .define("iceberg.catalog.credential", Type.PASSWORD, None, "REST: OAuth2 client credential (client_id:secret).")
+        .define("iceberg.catalog.token", Type.PASSWORD, None, "REST: bearer token.")
+        .define("iceberg.warehouse", Type.STRING, None, "Where new tables live: file:///path or s3://bucket/path (required for "
+                "sql; for rest, passed as the catalog's warehouse).", Importance.HIGH)
+        .define("iceberg.pending.location", Type.STRING, None, "Where prepared-txn markers live (file:// or s3://); default "
+                "<iceberg.warehouse>/eosink-pending. Keep it stable while txns are pending: recovery looks only here.")
+        .define("iceberg.table", Type.STRING, "eosink.${topic}", "Target table namespace.table; ${topic} is the topic with '.' "
+                "and '-' replaced by '_'. Several tables make a txn commit table by table (see the module docs).",
+                Importance.HIGH, non_empty)
+        .define("iceberg.partition.fields", Type.LIST, [], "Partition spec of auto-created tables: col, bucket(N, col), "
+                "truncate(W, col), year|month|day|hour(col); comma-separated. Existing tables keep theirs.")
+        .define("iceberg.commit.attempts", Type.INT, 3, "Attempts per commit when another writer committed first; each one "
+                "re-reads the table and re-checks the fence and the txn id.", validator=at_least(1))
+        .define("iceberg.fsync", Type.BOOLEAN, True, "fsync data files and markers on a local (file://) warehouse.")
+        .define("auto.create", Type.BOOLEAN, True, "Create a missing namespace/table from the batch's JSON types.")
+        .define("auto.evolve", Type.BOOLEAN, True, "Add an optional column for a new non-null field; off: such a record is a RecordError.")
+        .define("fields.kafka", Type.BOOLEAN, True, "Add required columns __topic string, __partition int, __offset long.")
+        .define("s3.endpoint", Type.STRING, None, "S3 endpoint URL (MinIO, moto, ...); passed to pyiceberg's FileIO.")
+        .define("s3.access-key-id", Type.STRING, None, "S3 access key id.")
+        .define("s3.secret-access-key", Type.PASSWORD, None, "S3 secret access key.")
+        .define("s3.region", Type.STRING, None, "S3 region, e.g. us-east-1.")
+    )
+
+    def __init__(self, connector: str, config: Mapping[str, Any]) -> None:
+        super().__init__(connector, config)
+        c = self.config
+        src = f"connector '{connector}'"
+        self.kafka = bool(c["fields.kafka"])
+        self.template: str = c["iceberg.table"]
+        if "." not in self.template.replace("${topic}", "t"):
+            raise ConfigError("must be namespace.table (e.g. analytics.${topic})", key="iceberg.table", source=src)
+        try:
+            ia.check_partition_fields(c["iceberg.partition.fields"])
+        except ConfigError as exc:
+            raise ConfigError(exc.message.split(": ", 1)[-1], key=exc.key, source=src) from None
+        warehouse = c["iceberg.warehouse"]
+        if c["iceberg.catalog.type"] == "sql" and not warehouse:
+            raise ConfigError("is required for iceberg.catalog.type=sql (file:///path or s3://bucket/path)",
+                              key="iceberg.warehouse", source=src)
+        pending = c["iceberg.pending.location"] or (f"{warehouse.rstrip('/')}/eosink-pending" if warehouse and "://" in warehouse else None)
+        if not pending:
+            raise ConfigError("is required when iceberg.warehouse is not a file:// or s3:// location", key="iceberg.pending.location",
+                              source=src)
+        io_props = {k: str(c[k]) for k in _S3_KEYS if c.get(k)}
+        io_props |= {k: str(v) for k, v in c.items() if k.startswith("s3.") and k not in io_props and v not in (None, "")}
+        io_props |= {k[len(CATALOG_PROPS_PREFIX):]: str(v) for k, v in c.items() if k.startswith(CATALOG_PROPS_PREFIX)}
+        self.catalog_props: dict[str, str] = {"type": c["iceberg.catalog.type"], "uri": c["iceberg.catalog.uri"]}
+        if c["iceberg.catalog.type"] == "sql":
+            # A pooled connection dead after a database restart would fail one whole cycle: ping first.
+            self.catalog_props["pool_pre_ping"] = "true"
+        self.catalog_props |= io_props
+        if warehouse:
+            self.catalog_props["warehouse"] = warehouse
+        for key, prop in (("iceberg.catalog.credential", "credential"), ("iceberg.catalog.token", "token")):
+            if c[key]:
+                self.catalog_props[prop] = c[key]
+        self.table_props = {**itx.NO_RETRIES, **{k[len(TABLE_PROPS_PREFIX):]: str(v) for k, v in c.items() if k.startswith(TABLE_PROPS_PREFIX)}}
+        self.attempts: int = c["iceberg.commit.attempts"]
+        self.storage = Storage.for_properties(io_props, fsync=bool(c["iceberg.fsync"]))
+        self.markers = Markers(self.storage, pending, connector)
+        #: Tells this sink's markers from a sibling's in a fanout connector writing to the same place.
+        self._fingerprint = hashlib.sha1(json.dumps([c["iceberg.catalog.uri"], c["iceberg.catalog.name"], self.template]).encode()).hexdigest()[:12]
+        self.tables = Tables(c["iceberg.catalog.name"], self.catalog_props, auto_create=bool(c["auto.create"]),
+                             auto_evolve=bool(c["auto.evolve"]), kafka=self.kafka, partition_fields=c["iceberg.partition.fields"],
+                             table_props=self.table_props, attempts=self.attempts)
+        self._prepared: dict[str, Prepared] = {}
+        self._staging: dict[str, list[TableTxn]] = {}  # files being written: what abort must clean
+        self._committed: OrderedDict[str, None] = OrderedDict()
+        self.timings = CycleTimings()
+        self._warn_small_files(config)
+
+    def _warn_small_files(self, config: Mapping[str, Any]) -> None:
+        """Every cycle is one snapshot and at least one file per table partition: a short cycle makes
+        small files and a metadata file that grows by a snapshot per second. Say so at start."""
+        try:
+            interval = int(str(config.get("commit.interval.ms", 1000)).strip())
+        except ValueError:
+            return
+        if interval < SMALL_FILES_INTERVAL_MS:
+            log.warning("connector %s: commit.interval.ms=%d makes one Iceberg snapshot and at least one data file per table "
+                        "partition every cycle; for Iceberg use >= %d (e.g. 60000) with a large batch.max.records / "
+                        "batch.max.bytes, and compact regularly", self.connector, interval, SMALL_FILES_INTERVAL_MS)
+
+    # -- catalog and tables -------------------------------------------------------------------
+    def open(self) -> None:
+        """Connect to the catalog (a SQL catalog creates its two tables if missing)."""
+        self.tables.catalog()
+
+    def close(self) -> None:
+        """Forget in-memory state; prepared txns stay on storage for :meth:`recover`."""
+        self.tables.close()
+        self._prepared.clear()
+
+    def table_name(self, topic: str) -> str:
+        """The table identifier for ``topic`` (``${topic}`` with '.' and '-' as '_')."""
+        return self.template.replace("${topic}", topic.replace(".", "_").replace("-", "_"))
+
+    # -- prepare --------------------------------------------------------------------------------
+    def prepare_batch(self, manifest: TxnManifest, records: list[SinkRecord]) -> None:
+        txn = manifest.txn_id
+        if txn in self._prepared or txn in self._committed:
+            return  # a replay: already durable (or visible)
+        try:
+            self._prepare(manifest, records)
+        except Exception as exc:  # noqa: BLE001 - classified; abort() cleans what was written
+            raise itx.classify(exc, f"prepare of {txn}") from exc
+
+    def _prepare(self, manifest: TxnManifest, records: list[SinkRecord]) -> None:
+        txn = manifest.txn_id
+        t0 = time.perf_counter()
+        values = ia.check_values(records)
+        idents = {t: self.table_name(t) for t in {r.topic for r in records}}
+        groups: dict[str, tuple[list[SinkRecord], list[dict[str, Any]], set[str]]] = {}
+        if len(set(idents.values())) <= 1:  # one table (the common case): no per-record grouping
+            for ident in set(idents.values()):
+                groups[ident] = (records, values, set(idents))
+        else:
+            for r, v in zip(records, values):
+                ident = idents[r.topic]
+                g = groups.get(ident)
+                if g is None:
+                    g = groups[ident] = ([], [], {t for t, i in idents.items() if i == ident})
+                g[0].append(r)
+                g[1].append(v)
+        key = txn_key(self.connector, txn)
+        plan = []
+        load_ms = convert_ms = 0.0
+        for ident in sorted(groups):
+            recs, vals, topics = groups[ident]
+            t1 = time.perf_counter()
+            table, complete = self.tables.ensure(ident, recs, vals)
+            ranges = [r for r in manifest.ranges if r.topic in topics]
+            itx.check_fence(self.connector, table, ranges, txn)
+            t2 = time.perf_counter()
+            arrow = ia.to_arrow(table.schema(), recs, vals, self.kafka, unknown_ok=complete, topics=topics)
+            convert_ms += (time.perf_counter() - t2) * 1000
+            load_ms += (t2 - t1) * 1000
+            data_path = load_location_provider(table.metadata.location, table.metadata.properties).data_path
+            tt = TableTxn(ident, f"{data_path}/eosink-{key}", sorted({(r.topic, r.partition) for r in ranges}), loaded=table)
+            plan.append((tt, arrow))
+        # Every record fits: from here on files are written, and abort() knows where.
+        t3 = time.perf_counter()
+        existing = self.markers.get(txn)
+        if existing is not None and existing.get("sink") != self._fingerprint:
+            # A sibling sink of a fanout connector writes its markers to the same place: recovery
+            # would mix the two up (and lose one's files). Refuse before writing anything.
+            raise FatalError(f"another Iceberg sink of connector {self.connector} keeps its markers in {self.markers.dir}: give each "
+                             "sink of a fanout its own iceberg.pending.location", component=COMPONENT)
+        self._staging[txn] = [tt for tt, _ in plan]
+        for tt, arrow in plan:
+            tt.data_files = self._write_files(tt, arrow, txn)
+            tt.spec_id = tt.loaded.metadata.default_spec_id if tt.loaded is not None else -1
+            tt.files = [df.file_path for df in tt.data_files]
+            self.storage.sync_files(tt.files)
+        t4 = time.perf_counter()
+        doc = {"v": 1, "txn": txn, "connector": self.connector, "sink": self._fingerprint,
+               "manifest": json.loads(manifest.to_json()), "tables": [tt.doc() for tt, _ in plan], "prepared_ms": int(time.time() * 1000)}
+        self.markers.put(txn, doc)
+        self._prepared[txn] = Prepared(manifest, [tt for tt, _ in plan])
+        self._staging.pop(txn, None)
+        t5 = time.perf_counter()
+        self.timings = CycleTimings(load_ms=load_ms, convert_ms=convert_ms, write_ms=(t4 - t3) * 1000, marker_ms=(t5 - t4) * 1000,
+                                    rows=len(records), files=sum(len(tt.files) for tt, _ in plan))
+        log.debug("prepared %s: %d rows in %d files (%.1f ms)", txn, len(records), self.timings.files, (t5 - t0) * 1000)
+
+    def _write_files(self, tt: TableTxn, arrow: Any, txn: str) -> list[DataFile]:
+        """Parquet files under the txn's own directory (``write.data.path`` overridden for this write only)."""
+        table = tt.loaded
+        assert table is not None
+        md = table.metadata
+        md = md.model_copy(update={"properties": {**md.properties, TableProperties.WRITE_DATA_PATH: tt.dir}})
+        write_uuid = uuid.uuid5(uuid.NAMESPACE_URL, f"eosink:{self.connector}:{txn}:{tt.table}")
+        return list(_dataframe_to_data_files(md, arrow, table.io, write_uuid=write_uuid))
+
+    # -- commit ---------------------------------------------------------------------------------
+    def commit(self, txn_id: str) -> None:
+        """Append every table's prepared files in one snapshot each; already committed is ok."""
+        t0 = time.perf_counter()
+        self.timings.append_ms = 0.0
+        try:
+            prepared = self._prepared.get(txn_id)
+            if prepared is None:
+                if txn_id in self._committed:
+                    return
+                doc = self.markers.get(txn_id)
+                if doc is None:
+                    self._commit_without_marker(txn_id)
+                    return
+                prepared = Prepared(TxnManifest.from_json(json.dumps(doc["manifest"])), [TableTxn.from_doc(t) for t in doc["tables"]])
+            for tt in prepared.tables:
+                self._commit_table(prepared.manifest, tt)
+            self.markers.delete(txn_id)
+        except Exception as exc:  # noqa: BLE001 - classified; commit is idempotent, the engine retries it
+            raise itx.classify(exc, f"commit of {txn_id}") from exc
+        self._prepared.pop(txn_id, None)
+        self._remember(txn_id)
+        self.timings.commit_ms = (time.perf_counter() - t0) * 1000
+
+    def _remember(self, txn_id: str) -> None:
+        self._committed[txn_id] = None
+        while len(self._committed) > _REMEMBER_COMMITTED:
+            self._committed.popitem(last=False)
+
+    def _commit_table(self, manifest: TxnManifest, tt: TableTxn) -> None:
+        txn = manifest.txn_id
+        ranges = tt.ranges(manifest)
+        table, tt.loaded = tt.loaded, None
+        for attempt in range(1, self.attempts + 1):
+            if table is None:
+                table = self.tables.load(tt.table)
+            if itx.is_committed(self.connector, table, txn):
+                return
+            itx.check_fence(self.connector, table, ranges, txn)
+            if tt.data_files is None or tt.spec_id != table.metadata.default_spec_id:
+                tt.data_files, tt.spec_id = self._data_files(table, tt, txn), table.metadata.default_spec_id
+            t0 = time.perf_counter()
+            try:
+                self.tables.remember(tt.table, itx.append(self.connector, table, txn, ranges, tt.data_files))
+                self.timings.append_ms += (time.perf_counter() - t0) * 1000
+                return
+            except CommitFailedException as exc:
+                # Another writer committed first. Never re-apply on top blindly (that is what
+                # pyiceberg's retries would do): re-read, then check the fence and the txn id again.
+                log.info("commit of %s to %s conflicted (attempt %d/%d): %s", txn, tt.table, attempt, self.attempts, exc)
+                table = None
+                if attempt == self.attempts:
+                    raise RetryableError(f"commit of {txn} to {tt.table}: another writer committed first {self.attempts} "
+                                         f"time(s) in a row ({exc})", component=COMPONENT) from exc
+
+    def _data_files(self, table: Table, tt: TableTxn, txn: str) -> list[DataFile]:
+        """DataFiles rebuilt from the Parquet footers (after a restart only the paths are known)."""
+        try:
+            return list(parquet_files_to_data_files(table.io, table.metadata, iter(tt.files)))
+        except FileNotFoundError as exc:
+            raise FatalError(f"prepared data file of txn {txn} is gone ({exc}); the txn cannot be committed: its records are "
+                             f"not in {tt.table}. Was remove_orphan_files run with a threshold shorter than the txn's age? "
+                             "Operator must check", component=COMPONENT) from exc
+
+    def _commit_without_marker(self, txn_id: str) -> None:
+        """No marker: committed earlier (the marker goes last) - or aborted/never prepared, which is fatal."""
+        candidates = set(self.tables.known)
+        if "${topic}" not in self.template:
+            candidates.add(self.template)
+        for ident in sorted(candidates):
+            try:
+                if itx.is_committed(self.connector, self.tables.load(ident), txn_id):
+                    self._remember(txn_id)
+                    return
+            except NoSuchTableError:
+                continue
+        raise FatalError(f"decided txn {txn_id} has no prepared marker ({self.markers.uri(txn_id)}) and no snapshot of "
+                         f"{', '.join(sorted(candidates)) or 'the tables this sink knows'} carries it: it was aborted or never "
+                         "prepared, so its records are not in Iceberg; operator must check", component=COMPONENT)
+
+    # -- abort / recover ------------------------------------------------------------------------
+    def abort(self, txn_id: str) -> None:
+        """Delete the txn's data directories, then its marker. Unknown or already aborted is ok.
+
+        Files of a table whose snapshots already carry the txn are never deleted (an abort replayed
+        after a commit must not break the table).
+        """
+        if self._txn_id == txn_id:
+            self._batch = []
+        try:
+            prepared = self._prepared.pop(txn_id, None)
+            tables = prepared.tables if prepared else self._staging.get(txn_id)
+            if tables is None:
+                doc = self.markers.get(txn_id)
+                tables = [TableTxn.from_doc(t) for t in doc["tables"]] if doc else []
+            for tt in tables:
+                try:
+                    table: Table | None = self.tables.load(tt.table)
+                except (NoSuchTableError, NoSuchNamespaceError):
+                    table = None
+                if table is not None and itx.is_committed(self.connector, table, txn_id):
+                    log.error("abort of %s: it is already committed to %s; its files stay", txn_id, tt.table)
+                    continue
+                storage = Storage(table.io, self.storage.fsync) if table is not None else self.storage
+                n = storage.delete_tree(tt.dir)
+                log.info("aborted %s: deleted %d file(s) under %s", txn_id, n, tt.dir)
+            self.markers.delete(txn_id)
+            self._staging.pop(txn_id, None)
+        except Exception as exc:  # noqa: BLE001 - classified; abort is retried by the engine
+            raise itx.classify(exc, f"abort of {txn_id}") from exc
+
+    def recover(self) -> list[TxnManifest]:
+        """The manifests of every marker of this connector (prepared, not yet committed or aborted).
+
+        A marker that cannot be read is returned without ranges: the engine cannot tie it to a
+        decision and reports it for an operator, as it must.
+        """
+        out: list[TxnManifest] = []
+        try:
+            listed = self.markers.list()
+        except Exception as exc:  # noqa: BLE001 - classified
+            raise itx.classify(exc, "recovery (listing markers)") from exc
+        for txn_id, data in listed:
+            if data is None:
+                continue  # committed or aborted while we listed
+            try:
+                doc = json.loads(data)
+                out.append(TxnManifest.from_json(json.dumps(doc["manifest"])))
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("marker of txn %s is unreadable (%s): left for an operator", txn_id, exc)
+                out.append(TxnManifest(txn_id, self.connector, ()))
+        return out

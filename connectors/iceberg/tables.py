@@ -1,0 +1,127 @@
+"""Catalog and table handling of the Iceberg sink (:mod:`eosink.connectors.iceberg.sink`): connect, load the
+current state cheaply, auto-create and evolve tables from the records.
+
+Schema changes are their own metadata commits, made at prepare, before any file of the txn is
+written: a new optional column is invisible to readers until rows use it, so doing it outside the
+txn is harmless, and an aborted txn leaves at worst an unused column.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.table import Table
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from eosink.connectors.iceberg import arrow as ia
+from eosink.connectors.iceberg import txn as itx
+from eosink.connectors.api.errors import FatalError, RetryableError
+from eosink.connectors.api.records import SinkRecord
+
+log = logging.getLogger("eosink.connectors.iceberg.sink")
+
+
+def _sql_metadata_location(cat: SqlCatalog, ident: str) -> str | None:
+    """The current metadata file of ``ident`` in a SQL catalog: the row pyiceberg's load_table reads."""
+    namespace = Catalog.namespace_to_string(Catalog.namespace_from(ident))
+    with Session(cat.engine) as session:
+        return session.scalar(select(IcebergTables.metadata_location).where(
+            IcebergTables.catalog_name == cat.name,
+            IcebergTables.table_namespace == namespace,
+            IcebergTables.table_name == Catalog.table_name_from(ident),
+        ))
+
+
+class Tables:
+    """One catalog connection and the latest state seen of each table."""
+
+    def __init__(self, name: str, catalog_props: Mapping[str, str], *, auto_create: bool, auto_evolve: bool, kafka: bool,
+                 partition_fields: Sequence[str], table_props: Mapping[str, str], attempts: int) -> None:
+        self.name = name
+        self.catalog_props = dict(catalog_props)
+        self.auto_create, self.auto_evolve, self.kafka = auto_create, auto_evolve, kafka
+        self.partition_fields = list(partition_fields)
+        self.table_props = dict(table_props)
+        self.attempts = attempts
+        self.known: set[str] = set()  # every table this sink has touched (a commit without marker looks there)
+        self._catalog: Catalog | None = None
+        self._latest: dict[str, Table] = {}
+
+    def catalog(self) -> Catalog:
+        if self._catalog is None:
+            try:
+                self._catalog = load_catalog(self.name, **self.catalog_props)
+            except Exception as exc:  # noqa: BLE001 - classified
+                raise itx.classify(exc, f"connecting to the {self.catalog_props['type']} catalog") from exc
+        return self._catalog
+
+    def close(self) -> None:
+        engine = getattr(self._catalog, "engine", None)
+        if engine is not None:
+            engine.dispose()
+        self._catalog = None
+        self._latest.clear()
+
+    def remember(self, ident: str, table: Table) -> None:
+        """``table`` is the latest state of ``ident`` (e.g. as returned by our own commit)."""
+        self._latest[ident] = table
+        self.known.add(ident)
+
+    def load(self, ident: str) -> Table:
+        """The table as it is now in the catalog.
+
+        A SQL catalog answers "which metadata file is current?" with one indexed SELECT; metadata
+        files are immutable, so when it names the file of the table we hold, that table *is* the
+        latest state (fence included) and reading + parsing the file again (it grows with every
+        snapshot) is skipped. A REST catalog is always asked for the whole table.
+        """
+        cat = self.catalog()
+        cached = self._latest.get(ident)
+        if cached is not None and isinstance(cat, SqlCatalog) and _sql_metadata_location(cat, ident) == cached.metadata_location:
+            return cached
+        table = cat.load_table(ident)
+        self.remember(ident, table)
+        return table
+
+    def ensure(self, ident: str, recs: Sequence[SinkRecord], vals: Sequence[dict[str, Any]]) -> tuple[Table, bool]:
+        """Load ``ident``, creating or evolving it for the batch; True when every field has a column."""
+        try:
+            table = self.load(ident)
+        except NoSuchTableError:
+            table = self._create(ident, recs, vals)
+        if not self.auto_evolve:
+            return table, False
+        for _ in range(self.attempts):
+            new = sorted(ia.field_names(vals) - {f.name for f in table.schema().fields})
+            fields = ia.infer_fields(recs, vals, new, self.kafka)
+            if not fields:
+                return table, len(new) == 0
+            try:
+                with itx.no_retry(table).update_schema() as upd:
+                    for name, ftype in fields:
+                        upd.add_column(name, ftype)
+                log.info("added columns %s to %s", [n for n, _ in fields], ident)
+            except CommitFailedException:
+                pass  # someone else changed the table: re-read and look again
+            table = self.load(ident)
+        raise RetryableError(f"schema of {ident} kept changing while adding columns", component=itx.COMPONENT)
+
+    def _create(self, ident: str, recs: Sequence[SinkRecord], vals: Sequence[dict[str, Any]]) -> Table:
+        if not self.auto_create:
+            raise FatalError(f"table {ident} does not exist and auto.create is off", component=itx.COMPONENT) from None
+        first = list(vals[0]) if vals else []
+        names = first + sorted(ia.field_names(vals) - set(first))  # the records' own field order first
+        schema = ia.new_schema(ia.infer_fields(recs, vals, names, self.kafka), self.kafka)
+        spec = ia.partition_spec(self.partition_fields, schema)
+        cat = self.catalog()
+        cat.create_namespace_if_not_exists(ident.rsplit(".", 1)[0])
+        table = cat.create_table_if_not_exists(ident, schema=schema, partition_spec=spec, properties=self.table_props)
+        self.remember(ident, table)
+        log.info("created Iceberg table %s at %s", ident, table.location())
+        return table

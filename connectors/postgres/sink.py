@@ -1,0 +1,502 @@
+"""PostgreSQL sink: native two-phase commit (``PREPARE TRANSACTION``) with COPY.
+
+One cycle, per :class:`~eosink.connectors.api.sink.TwoPhaseCommitSink`::
+
+    pre_commit(manifest)
+      autocommit   INSERT eosink_txn_manifest (txn, manifest)        -- recovery can read it
+      tpc_begin('eosink:<txn>')
+        upsert eosink_offsets ... WHERE eosink_offsets.epoch <= EXCLUDED.epoch   -- the fence
+        INSERT eosink_committed_txns (txn); DELETE eosink_txn_manifest (txn)
+        COPY rows (insert) | COPY staging + INSERT ... ON CONFLICT (upsert)
+      tpc_prepare()                                                   -- durable, invisible
+    commit(txn)   COMMIT PREPARED 'eosink:<txn>'   (rows, offsets, proof of commit: all at once)
+    abort(txn)    ROLLBACK PREPARED 'eosink:<txn>'; DELETE eosink_txn_manifest (txn)
+
+**Why a manifest table.** Rows of a prepared transaction are invisible to every other session,
+so recovery cannot read the manifest from inside it. It is written in its own autocommit
+transaction *before* the two-phase transaction begins and deleted *inside* it: COMMIT PREPARED
+removes it atomically with the rows becoming visible; after ROLLBACK PREPARED, ``abort`` deletes
+it. :meth:`PostgresSink.recover` lists the manifests whose GID sits in ``pg_prepared_xacts``.
+A manifest whose transaction never got prepared (a crash in between) is harmless and is
+garbage-collected by ``recover`` after :data:`eosink.connectors.postgres.book.ORPHAN_MANIFEST_AGE`.
+
+**Why eosink_committed_txns.** A second ``COMMIT PREPARED`` fails with 42704 whether the
+transaction was committed or rolled back: the error cannot tell. The row inserted inside the
+prepared transaction becomes visible exactly when it commits, so it is the proof.
+
+**The resource-side fence.** ``eosink_offsets`` holds (epoch, next_offset, txn) per partition.
+The prepared transaction upserts it with ``WHERE eosink_offsets.epoch <= EXCLUDED.epoch``; a row
+not written means a newer epoch already committed there, and the prepare raises
+:class:`~eosink.connectors.api.errors.FencedError`. The row lock taken by that upsert is held until the
+decision, so a zombie preparing concurrently with the new owner waits, then sees the newer epoch.
+
+**Kafka coordinates** (``fields.kafka``, default on): every row carries ``__topic``,
+``__partition`` and ``__offset``, so it can be traced back to its outbox record and duplicates
+found with ``GROUP BY __topic, __partition, __offset HAVING count(*) > 1``. Add a UNIQUE index
+on them if you want the database to refuse a duplicate outright (it costs COPY speed).
+
+**Records.** Values must be JSON objects; each field goes into the column of the same name
+(quoted, case kept). ``auto.create``/``auto.evolve`` create tables and add columns from the
+JSON types (bool->boolean, int->bigint, float->double precision, str->text, object/array->jsonb;
+a field null in every record of the batch is not created). A field missing from a record gets the
+column's DEFAULT on insert and keeps the old value on upsert. Tombstones (null values) are
+refused: deletes are not supported. ``table.name.format`` replaces ``${topic}`` with the topic
+name with ``.`` and ``-`` turned into ``_``; a ``.`` in the result separates a schema.
+
+DDL runs in its own short transaction before the two-phase one, serialised across workers by an
+advisory lock. Statements wait at most ``lock.timeout.ms`` for locks: a prepared transaction left
+by a crashed worker holds its locks until recovery resolves it, and waiting forever on it would
+hide that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import Xid
+from psycopg.conninfo import conninfo_to_dict
+
+from eosink.connectors.postgres import book as book
+from eosink.connectors.postgres import copy as pgc
+from eosink.connectors.postgres import schema as pgs
+from eosink.connectors.postgres.book import GID_PREFIX
+from eosink.connectors.postgres.tables import Groups, TableCache, TableKey
+from eosink.connectors.api.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
+from eosink.connectors.api.errors import ConfigError, EosinkError, FatalError, FencedError, RecordError, RetryableError
+from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
+from eosink.connectors.api.sink import BatchingSink
+
+log = logging.getLogger(__name__)
+COMPONENT = "postgres"
+#: PostgreSQL's GID limit: "a string literal less than 200 bytes long".
+MAX_GID_BYTES = 199
+_MAX_ATTEMPTS = 3
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class CycleTimings:
+    """Milliseconds spent in the phases of the last cycle (for metrics and the benchmark)."""
+
+    manifest_ms: float = 0.0
+    write_ms: float = 0.0
+    prepare_ms: float = 0.0
+    commit_ms: float = 0.0
+    rows: int = 0
+
+
+class PostgresSink(BatchingSink):
+    """Exactly-once delivery into PostgreSQL tables via ``PREPARE TRANSACTION``."""
+
+    ALIAS = "postgres"
+    CONFIG = (
+        ConfigDef()
+        .define("connection.url", Type.STRING, doc="PostgreSQL DSN, e.g. postgresql://host:5432/db (libpq URI or key=value).",
+                importance=Importance.HIGH, validator=non_empty)
+        .define("connection.user", Type.STRING, None, "User name; overrides the DSN's.", Importance.HIGH)
+        .define("connection.password", Type.PASSWORD, None, "Password; overrides the DSN's.", Importance.HIGH)
+        .define("table.name.format", Type.STRING, "${topic}",
+                "Target table; ${topic} is the topic with '.' and '-' replaced by '_'. A '.' in the result separates a schema.",
+                validator=non_empty)
+        .define("insert.mode", Type.STRING, "insert", "insert: COPY every record as a new row. upsert: one row per primary key, "
+                "the record with the highest offset wins (needs pk.mode and a unique index on pk.fields).",
+                Importance.HIGH, one_of("insert", "upsert"))
+        .define("pk.mode", Type.STRING, "none", "none | record_key (the Kafka key: a JSON object's fields, else the key "
+                "itself in column pk.fields[0] or __key) | record_value (pk.fields of the value).",
+                Importance.HIGH, one_of("none", "record_key", "record_value"))
+        .define("pk.fields", Type.LIST, [], "Primary key columns (comma-separated). Required with pk.mode=record_value.")
+        .define("auto.create", Type.BOOLEAN, True, "Create a missing table from the batch's JSON types (with PRIMARY KEY pk.fields).")
+        .define("auto.evolve", Type.BOOLEAN, True, "Add a column for a new non-null field (ALTER TABLE ... ADD COLUMN, nullable).")
+        .define("fields.kafka", Type.BOOLEAN, True, "Add columns __topic text, __partition int, __offset bigint to every row "
+                "so it can be traced to (and deduplicated by) its outbox record.")
+        .define("lock.timeout.ms", Type.LONG, 10_000, "Longest wait for a lock before the cycle fails as retryable "
+                "(PostgreSQL lock_timeout); 0 waits forever.", validator=at_least(0))
+    )
+
+    def __init__(self, connector: str, config: Mapping[str, Any]) -> None:
+        super().__init__(connector, config)
+        c = self.config
+        src = f"connector '{connector}'"
+        self.upsert: bool = c["insert.mode"] == "upsert"
+        self.pk_mode: str = c["pk.mode"]
+        self.pk_fields: list[str] = list(c["pk.fields"])
+        self.kafka: bool = bool(c["fields.kafka"])
+        if self.upsert and self.pk_mode == "none":
+            raise ConfigError("insert.mode=upsert needs a primary key: set pk.mode to record_key or record_value",
+                              key="pk.mode", source=src)
+        if self.pk_mode == "record_value" and not self.pk_fields:
+            raise ConfigError("pk.mode=record_value needs pk.fields (the value fields forming the key)", key="pk.fields", source=src)
+        self._gid_check(f"{connector}.w.0.0")
+        self._ac: psycopg.Connection[Any] | None = None  # autocommit: manifests, DDL, COMMIT/ROLLBACK PREPARED, recovery
+        self._tx: psycopg.Connection[Any] | None = None  # the two-phase transactions only
+        self._tx_state = "idle"  # idle | active | prepare-sent
+        self._bootstrapped = False
+        self._tables = TableCache(connector, self.config, self._with_ac)
+        #: Tells this sink's prepared manifests from a sibling sink's (see :meth:`_sibling`).
+        self._fingerprint = hashlib.sha1(
+            json.dumps({k: v for k, v in sorted(self.config.items()) if k != "connection.password"}, default=str).encode()
+        ).hexdigest()[:16]
+        self.timings = CycleTimings()
+
+    # -- connections ------------------------------------------------------------------------
+    def open(self) -> None:
+        """Connect, refuse a server without prepared transactions, create the bookkeeping tables."""
+        self._with_ac(lambda conn: None)
+        self._tcon()
+
+    def close(self) -> None:
+        """Close both connections; prepared transactions stay on the server for recovery."""
+        for conn in (self._tx, self._ac):
+            if conn is not None:
+                try:
+                    conn.close()
+                except Exception:  # noqa: BLE001 - closing a broken connection may fail; nothing to do
+                    pass
+        self._tx = self._ac = None
+        self._tx_state = "idle"
+
+    def _connect(self, autocommit: bool) -> psycopg.Connection[Any]:
+        url = self.config["connection.url"]
+        kwargs: dict[str, Any] = {"autocommit": autocommit, "application_name": f"eosink/{self.connector}"[:63]}
+        try:
+            if "connect_timeout" not in conninfo_to_dict(url):
+                kwargs["connect_timeout"] = 10
+        except psycopg.ProgrammingError as exc:
+            raise ConfigError(f"not a valid PostgreSQL DSN: {exc}", key="connection.url", source=f"connector '{self.connector}'") from None
+        if self.config["connection.user"]:
+            kwargs["user"] = self.config["connection.user"]
+        if self.config["connection.password"]:
+            kwargs["password"] = self.config["connection.password"]
+        try:
+            conn = psycopg.connect(url, **kwargs)
+            conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{int(self.config['lock.timeout.ms'])}ms",))
+            if not autocommit:
+                conn.commit()
+        except psycopg.OperationalError as exc:
+            raise RetryableError(f"cannot connect to PostgreSQL: {exc}".strip(), component=COMPONENT) from exc
+        pgc.register_dumpers(conn)
+        return conn
+
+    def _acon(self) -> psycopg.Connection[Any]:
+        if self._ac is None or self._ac.closed or self._ac.broken:
+            conn = self._connect(autocommit=True)
+            if not self._bootstrapped:
+                try:
+                    self._check_server(conn)
+                    pgs.bootstrap(conn)
+                except BaseException as exc:
+                    conn.close()
+                    if isinstance(exc, psycopg.Error):
+                        raise self._error(exc, None, "creating the bookkeeping tables") from exc
+                    raise
+                self._bootstrapped = True
+            self._ac = conn
+        return self._ac
+
+    def _tcon(self) -> psycopg.Connection[Any]:
+        if self._tx is None or self._tx.closed or self._tx.broken:
+            self._tx = self._connect(autocommit=False)
+            self._tx_state = "idle"
+        return self._tx
+
+    def _check_server(self, conn: psycopg.Connection[Any]) -> None:
+        row = conn.execute("SHOW max_prepared_transactions").fetchone()
+        if row is None or int(row[0]) <= 0:
+            info = conn.info
+            raise FatalError(
+                f"PostgreSQL at {info.host}:{info.port}/{info.dbname} has max_prepared_transactions = 0, so two-phase "
+                "commit is disabled. Set max_prepared_transactions (at least the number of sink tasks writing to this "
+                "server, e.g. 64) in postgresql.conf and restart PostgreSQL.",
+                component=COMPONENT,
+            )
+
+    def _with_ac(self, fn: Callable[[psycopg.Connection[Any]], T], what: str = "statement") -> T:
+        """Run an idempotent ``fn`` on the autocommit connection, reconnecting once if it broke.
+
+        Everything run here may be repeated (the sink contract makes every operation idempotent),
+        so a connection found dead - e.g. after a server restart - costs a retry, not a cycle.
+        """
+        for attempt in (1, 2):
+            conn = self._acon()
+            try:
+                return fn(conn)
+            except psycopg.Error as exc:
+                if attempt == 1 and (conn.broken or conn.closed) and isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+                    self._ac = None
+                    continue
+                raise self._error(exc, conn, what) from exc
+        raise AssertionError("unreachable")
+
+    def _error(self, exc: psycopg.Error, conn: psycopg.Connection[Any] | None, what: str) -> EosinkError:
+        """Retryable for lost connections, timeouts and serialization failures; fatal otherwise."""
+        if conn is not None and (conn.broken or conn.closed):
+            if conn is self._ac:
+                self._ac = None
+            elif conn is self._tx:
+                self._tx = None
+                self._tx_state = "idle"
+        if isinstance(exc, psycopg.errors.LockNotAvailable):
+            return RetryableError(
+                f"{what} failed: {exc}; waited lock.timeout.ms={self.config['lock.timeout.ms']} for a lock - a prepared "
+                "transaction (see pg_prepared_xacts) or a long-running statement holds it".strip(),
+                component=COMPONENT,
+            )
+        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+            return RetryableError(f"{what} failed: {exc}".strip(), component=COMPONENT)
+        return FatalError(f"{what} failed: {pgc.describe(exc)}", component=COMPONENT)
+
+    # -- ids --------------------------------------------------------------------------------
+    def _gid_check(self, txn_id: str) -> str:
+        gid = GID_PREFIX + txn_id
+        size = len(gid.encode())
+        if size > MAX_GID_BYTES:
+            raise ConfigError(
+                f"transaction id {txn_id[:60]!r}... makes a PostgreSQL GID of {size} bytes (limit {MAX_GID_BYTES}): "
+                f"the connector name '{self.connector[:60]}' is too long, choose a shorter one",
+                key="name", source=f"connector '{self.connector[:60]}'",
+            )
+        return gid
+
+    def _xid(self, txn_id: str) -> Xid:
+        """A plain (non-XA) psycopg Xid: the GID ``eosink:<txn_id>`` exactly as PostgreSQL stores it."""
+        return Xid.from_string(self._gid_check(txn_id))
+
+    def begin_transaction(self, txn_id: str) -> None:
+        self._gid_check(txn_id)
+        super().begin_transaction(txn_id)
+
+    # -- prepare ----------------------------------------------------------------------------
+    def prepare_batch(self, manifest: TxnManifest, records: list[SinkRecord]) -> None:
+        txn = manifest.txn_id
+        xid = self._xid(txn)
+        t0 = time.perf_counter()
+        groups = self._tables.group(records)
+        for key, (recs, values) in groups.items():
+            self._tables.ensure(key, recs, values)
+        t1 = time.perf_counter()
+        state, owner = self._with_ac(lambda conn: book.write_manifest(conn, manifest, self.connector, self._fingerprint),
+                                     "writing the manifest")
+        self.timings = CycleTimings(manifest_ms=(time.perf_counter() - t1) * 1000, rows=len(records))
+        if state == "prepared" and owner not in (None, self._fingerprint):
+            raise self._sibling(txn)
+        if state is not None:
+            log.info("txn %s is already %s: prepare is a no-op", txn, state)
+            return
+        for attempt in range(1, _MAX_ATTEMPTS + 1):
+            try:
+                self._prepare_once(manifest, xid, groups)
+                self.timings.write_ms += (t1 - t0) * 1000
+                return
+            except pgc.NeedsDDL as need:
+                self._rollback_tx()
+                key = (need.table.schema, need.table.name)
+                self._tables.evolve(key, *groups[key])
+            except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
+                self._rollback_tx()
+                if attempt == _MAX_ATTEMPTS:
+                    raise self._abandon(manifest, FatalError(f"tables keep changing under the sink: {exc}", component=COMPONENT)) from exc
+                self._tables.clear()  # cached metadata is stale: re-check every table
+                for key, (recs, values) in groups.items():
+                    self._tables.ensure(key, recs, values)
+            except pgc.RowRejected as rej:
+                self._rollback_tx()
+                if attempt < _MAX_ATTEMPTS and self._tables.changed(groups):
+                    continue  # altered under us (e.g. a column type): not the record's fault
+                try:
+                    named = self._locate(rej, groups)
+                except EosinkError as exc:  # a probe met a record the client-side check refuses first
+                    named = exc
+                raise self._abandon(manifest, named) from rej.error
+            except (RecordError, FencedError, ConfigError) as exc:
+                self._rollback_tx()
+                raise self._abandon(manifest, exc) from None
+            except psycopg.errors.DuplicateObject as exc:  # PREPARE: the GID is taken, in another database
+                self._rollback_tx()
+                raise self._abandon(manifest, self._sibling(txn)) from exc
+            except psycopg.Error as exc:
+                conn = self._tx
+                broken = conn is None or conn.broken or conn.closed
+                err = self._error(exc, conn, f"prepare of {txn}")
+                self._rollback_tx()
+                # e.g. "insufficient data left in message" (08P01) when binary COPY meets a column
+                # whose type changed since it was cached: re-read before giving up
+                if not broken and attempt < _MAX_ATTEMPTS and self._tables.changed(groups):
+                    continue
+                raise err from exc
+            except BaseException:
+                self._rollback_tx()
+                raise
+        raise self._abandon(
+            manifest, FatalError(f"prepare of {txn}: schema changes did not settle after {_MAX_ATTEMPTS} attempts", component=COMPONENT)
+        )
+
+    def _sibling(self, txn: str) -> ConfigError:
+        """Two PostgreSQL sinks of one connector on one server would share every GID.
+
+        GIDs are unique per *server*, and both sinks name their transaction ``eosink:<txn>``: the
+        second would find "already prepared" and skip its batch. Refuse instead of losing it.
+        """
+        return ConfigError(
+            f"txn {txn} is already prepared on this PostgreSQL server by another sink of connector '{self.connector}' "
+            f"(GID '{GID_PREFIX}{txn}'): a connector can have only one postgres sink per PostgreSQL server; "
+            "write both tables from one sink (table.name.format) or use separate connectors",
+            key="connector.class", source=f"connector '{self.connector}'",
+        )
+
+    def _prepare_once(self, manifest: TxnManifest, xid: Xid, groups: Groups) -> None:
+        conn = self._tcon()
+        t0 = time.perf_counter()
+        self._tx_state = "active"
+        try:
+            conn.tpc_begin(xid)
+        except (psycopg.OperationalError, psycopg.InterfaceError):
+            if not (conn.broken or conn.closed):
+                raise
+            self._tx = None  # died while idle (e.g. a server restart): nothing was sent, start over
+            conn = self._tcon()
+            self._tx_state = "active"
+            conn.tpc_begin(xid)
+        with conn.cursor() as cur:
+            book.fence(cur, manifest, self.connector)
+            for key, (recs, values) in groups.items():
+                self._write(cur, key, recs, values, self.config["auto.evolve"])
+        t1 = time.perf_counter()
+        self._tx_state = "prepare-sent"
+        conn.tpc_prepare()
+        self._tx_state = "idle"
+        t2 = time.perf_counter()
+        self.timings.write_ms = (t1 - t0) * 1000
+        self.timings.prepare_ms = (t2 - t1) * 1000
+
+    def _rollback_tx(self) -> None:
+        """End a failed two-phase transaction on ``_tx``; drop the connection if in doubt.
+
+        After ``PREPARE TRANSACTION`` was sent, psycopg's ``tpc_rollback()`` would issue
+        ROLLBACK PREPARED for the GID - which, if the failure was "GID already in use", would
+        roll back somebody else's prepared transaction. Closing the connection instead rolls back
+        only what is not prepared.
+        """
+        conn, state = self._tx, self._tx_state
+        self._tx_state = "idle"
+        if conn is None or state == "idle":
+            return
+        if state == "active" and not (conn.broken or conn.closed):
+            try:
+                conn.tpc_rollback()
+                return
+            except psycopg.Error:
+                pass
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001 - already broken
+            pass
+        self._tx = None
+
+    def _abandon(self, manifest: TxnManifest, exc: EosinkError) -> EosinkError:
+        """Best effort: the transaction was not prepared, so its manifest can go now."""
+        try:
+            self._with_ac(lambda c: book.delete_manifest(c, manifest.txn_id), "deleting the manifest")
+        except EosinkError:
+            pass  # abort() or recover()'s garbage collection will do it
+        return exc
+
+    def _write(self, cur: psycopg.Cursor[Any], key: TableKey, recs: list[SinkRecord], values: list[Any], evolve: bool) -> None:
+        table = self._tables[key]
+        if self.upsert:
+            pgc.write_upsert(cur, table, recs, values, self.kafka, evolve, self._tables.pk(recs))
+        else:
+            pgc.write_insert(cur, table, recs, values, self.kafka, evolve)
+
+    def _locate(self, rej: pgc.RowRejected, groups: Groups) -> EosinkError:
+        key = (rej.table.schema, rej.table.name)
+        recs, values = groups[key]
+        return pgc.locate(rej, recs, values, lambda cur, r, v: self._write(cur, key, r, v, False), self._with_ac)
+
+    # -- commit / abort / recover ---------------------------------------------------------
+    def commit(self, txn_id: str) -> None:
+        """COMMIT PREPARED; on 42704 ("no such prepared transaction") decide from the proof.
+
+        The GID is gone after a commit *and* after a rollback, so 42704 alone cannot tell. The
+        ``eosink_committed_txns`` row was written inside the prepared transaction: present, the
+        txn committed earlier (this call is a replay) - ok. Absent, a transaction the decision log
+        says committed was rolled back behind our back (an operator's ROLLBACK PREPARED, a
+        restored backup): its rows are lost, which only an operator can repair - FatalError.
+        """
+        xid = self._xid(txn_id)
+        t0 = time.perf_counter()
+
+        def run(conn: psycopg.Connection[Any]) -> None:
+            try:
+                conn.tpc_commit(xid)
+            except psycopg.errors.UndefinedObject:
+                if not book.is_committed(conn, txn_id):
+                    raise FatalError(
+                        f"decided txn {txn_id} is gone from the database: it was rolled back by someone "
+                        f"(no prepared transaction '{GID_PREFIX}{txn_id}' and no row in eosink_committed_txns); "
+                        "its records are not in the tables; operator must check",
+                        component=COMPONENT,
+                    ) from None
+
+        self._with_ac(run, f"commit of {txn_id}")
+        self.timings.commit_ms = (time.perf_counter() - t0) * 1000
+
+    def abort(self, txn_id: str) -> None:
+        """ROLLBACK PREPARED (42704 - already aborted, never prepared or unknown - is ok), then
+        delete the manifest. A transaction still open on this instance is rolled back first."""
+        if self._txn_id == txn_id:
+            self._batch = []
+        if self._tx_state != "idle":
+            self._rollback_tx()
+        xid = self._xid(txn_id)
+
+        def run(conn: psycopg.Connection[Any]) -> None:
+            try:
+                conn.tpc_rollback(xid)
+            except psycopg.errors.UndefinedObject:
+                pass
+            book.delete_manifest(conn, txn_id)
+
+        self._with_ac(run, f"abort of {txn_id}")
+
+    def recover(self) -> list[TxnManifest]:
+        """Manifests of this connector's transactions that are prepared now (one snapshot).
+
+        A prepared GID ``eosink:<connector>.…`` without a manifest (deleted by hand?) is
+        returned with no ranges and a warning: the runtime cannot tie it to a decision and
+        leaves it for an operator, as it must. A connector name that is a dotted prefix of
+        another's (``a`` and ``a.b``) cannot tell such orphans apart; keep names distinct.
+        Also garbage-collects orphaned manifests and old proofs of commit of this connector.
+        """
+
+        def run(conn: psycopg.Connection[Any]) -> list[tuple[str, str | None, str | None]]:
+            rows = book.prepared_manifests(conn)
+            book.collect_garbage(conn, self.connector)
+            return rows
+
+        out: list[TxnManifest] = []
+        prefix = f"{GID_PREFIX}{self.connector}."
+        for gid, connector, text in self._with_ac(run, "recovery"):
+            txn_id = gid[len(GID_PREFIX):]
+            if connector is not None:
+                if connector == self.connector:
+                    try:
+                        out.append(TxnManifest.from_json(text or ""))
+                    except (ValueError, KeyError, TypeError) as exc:
+                        log.warning("prepared transaction %s has an unreadable manifest (%s): left for an operator", gid, exc)
+                        out.append(TxnManifest(txn_id, self.connector, ()))
+            elif gid.startswith(prefix):
+                log.warning("prepared transaction %s has no manifest: cannot tell its partitions; left for an operator", gid)
+                out.append(TxnManifest(txn_id, self.connector, ()))
+        return out
+
+    def read_offsets(self, connector: str | None = None) -> dict[TopicPartition, tuple[int, int]]:
+        """Committed ``(epoch, next_offset)`` per partition of ``connector`` (default: this one)."""
+        return self._with_ac(lambda c: book.read_offsets(c, connector or self.connector), "reading offsets")
+

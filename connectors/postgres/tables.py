@@ -1,0 +1,224 @@
+"""Which table a record goes to, and making sure it can take it (:mod:`eosink.connectors.postgres.sink`).
+
+:class:`TableCache` maps topics to tables, builds the values rows are made from (the record's
+JSON object, plus the Kafka key's fields with ``pk.mode=record_key``), and runs auto.create /
+auto.evolve before the two-phase transaction begins. Table metadata is cached per sink
+instance; the sink asks for a re-read (:meth:`TableCache.changed`, :meth:`TableCache.clear`)
+when PostgreSQL refuses something the cache said would fit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from operator import attrgetter
+from typing import Any, TypeVar
+
+import psycopg
+
+from eosink.connectors.postgres import copy as pgc
+from eosink.connectors.postgres import schema as pgs
+from eosink.connectors.api.errors import ConfigError, RetryableError
+from eosink.connectors.api.records import SinkRecord
+
+log = logging.getLogger("eosink.connectors.postgres.sink")
+T = TypeVar("T")
+TableKey = tuple[str | None, str]  # (schema or None for the search path, table)
+#: Records per target table, with the values their rows are built from (same order).
+Groups = dict[TableKey, tuple[list[SinkRecord], list[Any]]]
+#: The sink's "run this idempotent function on the autocommit connection" (fn, what).
+Runner = Callable[[Callable[[psycopg.Connection[Any]], Any], str], Any]
+
+
+def display(key: TableKey) -> str:
+    return ".".join(p for p in key if p)
+
+
+class TableCache:
+    """Table names, metadata and DDL for one sink instance."""
+
+    def __init__(self, connector: str, config: Mapping[str, Any], run: Runner) -> None:
+        self.connector = connector
+        self.source = f"connector '{connector}'"
+        self.name_format: str = config["table.name.format"]
+        self.auto_create = bool(config["auto.create"])
+        self.auto_evolve = bool(config["auto.evolve"])
+        self.kafka = bool(config["fields.kafka"])
+        self.upsert = config["insert.mode"] == "upsert"
+        self.pk_mode: str = config["pk.mode"]
+        self.pk_fields: list[str] = list(config["pk.fields"])
+        self._run = run
+        self._tables: dict[TableKey, pgs.Table] = {}
+        self._names: dict[str, TableKey] = {}
+
+    def __getitem__(self, key: TableKey) -> pgs.Table:
+        return self._tables[key]
+
+    def clear(self) -> None:
+        self._tables.clear()
+
+    # -- names and values -----------------------------------------------------------------------
+    def key_for(self, topic: str) -> TableKey:
+        """``table.name.format`` with ``${topic}`` (``.``/``-`` -> ``_``); a ``.`` separates a schema."""
+        key = self._names.get(topic)
+        if key is None:
+            name = self.name_format.replace("${topic}", topic.replace(".", "_").replace("-", "_"))
+            schema, dot, table = name.partition(".")
+            key = (schema, table) if dot else (None, name)
+            for part, what in ((key[0], "schema"), (key[1], "table")):
+                why = pgs.check_identifier(part, what) if part is not None else None
+                if why:
+                    raise ConfigError(f"{why} (topic {topic!r})", key="table.name.format", source=self.source)
+            self._names[topic] = key
+        return key
+
+    def group(self, records: list[SinkRecord]) -> Groups:
+        """Records per target table (one topic - the common case - costs one set() pass)."""
+        if not records:
+            return {}
+        by_table: dict[TableKey, list[SinkRecord]] = {}
+        if len(set(map(attrgetter("topic"), records))) == 1:
+            by_table[self.key_for(records[0].topic)] = records
+        else:
+            for r in records:
+                by_table.setdefault(self.key_for(r.topic), []).append(r)
+        out: Groups = {}
+        for key, recs in by_table.items():
+            if self.pk_mode == "record_key":
+                values = [self._with_key(r) for r in recs]
+            else:
+                values = list(map(attrgetter("value"), recs))
+            out[key] = (recs, values)
+        return out
+
+    def key_fields(self, rec: SinkRecord) -> dict[str, Any]:
+        """pk.mode=record_key: the columns the Kafka key fills.
+
+        A JSON object key gives its fields (all, or those named by pk.fields); any other key (a
+        JSON scalar, or plain UTF-8 text) fills one column: pk.fields[0], else ``__key``.
+        """
+        key = rec.key
+        if key is None:
+            raise pgc.record_error(rec, "the Kafka key is null but pk.mode=record_key")
+        try:
+            obj: Any = json.loads(key)
+        except ValueError:
+            try:
+                obj = key.decode("utf-8")
+            except UnicodeDecodeError:
+                raise pgc.record_error(rec, "the Kafka key is neither JSON nor UTF-8 text (pk.mode=record_key)") from None
+        if type(obj) is dict:
+            if not self.pk_fields:
+                return obj
+            for f in self.pk_fields:
+                if f not in obj:
+                    raise pgc.record_error(rec, f"primary key field {f!r} is missing from the Kafka key", f)
+            return {f: obj[f] for f in self.pk_fields}
+        if len(self.pk_fields) > 1:
+            raise pgc.record_error(rec, f"the Kafka key is a JSON {type(obj).__name__}, not an object, but pk.fields names "
+                                        f"{len(self.pk_fields)} fields; a non-object key fills one column")
+        return {(self.pk_fields[0] if self.pk_fields else "__key"): obj}
+
+    def _with_key(self, rec: SinkRecord) -> Any:
+        """The record's value with the key's fields added (they win over same-named value fields)."""
+        v = rec.value
+        if type(v) is not dict:
+            return v  # refused later, naming the record
+        return {**v, **self.key_fields(rec)}
+
+    def pk(self, recs: Sequence[SinkRecord]) -> list[str]:
+        """The primary key columns: pk.fields, or for record_key the fields of the first key."""
+        if self.pk_fields or self.pk_mode != "record_key" or not recs:
+            return self.pk_fields
+        return list(self.key_fields(recs[0]))
+
+    # -- metadata and DDL (autocommit, before the two-phase transaction) -------------------------
+    def ensure(self, key: TableKey, recs: list[SinkRecord], values: list[Any]) -> None:
+        """The table exists, has the Kafka columns and the first record's fields (the common case:
+        the other records have the same ones; a later new field is caught while copying)."""
+        if key not in self._tables:
+            table = self._run(lambda c: pgs.load_table(c, key[0], key[1], with_stage=self.upsert), "reading the table")
+            if table is None:
+                table = self._create(key, recs, values)
+            self._tables[key] = self._checked(table, recs)
+        table = self._tables[key]
+        first = values[0] if values else None
+        if isinstance(first, dict) and any(v is not None and k not in table.columns for k, v in first.items()):
+            self.evolve(key, recs, values)
+
+    def _checked(self, table: pgs.Table, recs: Sequence[SinkRecord]) -> pgs.Table:
+        """Add missing Kafka columns (auto.evolve); an upsert needs a unique index on the key."""
+        missing = [c for c in pgs.KAFKA_COLUMN_NAMES if self.kafka and c not in table.columns]
+        if missing:
+            if not self.auto_evolve:
+                raise ConfigError(f"table {table.display} lacks columns {', '.join(missing)}: add them, enable auto.evolve or "
+                                  "set fields.kafka=false", key="fields.kafka", source=self.source)
+            self._run(lambda c: pgs.add_columns(c, table, [kc for kc in pgs.KAFKA_COLUMNS if kc[0] in missing]), "altering the table")
+            table = self._reload((table.schema, table.name))
+        if self.upsert:
+            pk = self.pk(recs)
+            if frozenset(pk) not in table.unique_sets:
+                raise ConfigError(f"table {table.display} has no PRIMARY KEY or UNIQUE index on exactly ({', '.join(pk)}); "
+                                  "upsert needs one for ON CONFLICT", key="pk.fields", source=self.source)
+        return table
+
+    def changed(self, groups: Mapping[TableKey, Any]) -> bool:
+        """Re-read the batch's tables; True (and the cache updated) when any differs."""
+        changed = False
+        for key in groups:
+            cached = self._tables.get(key)
+            fresh = self._reload(key)
+            if cached is None or fresh.columns != cached.columns or fresh.unique_sets != cached.unique_sets:
+                log.info("table %s changed since it was read: using its new definition", fresh.display)
+                self._tables[key] = fresh
+                changed = True
+        return changed
+
+    def _reload(self, key: TableKey) -> pgs.Table:
+        table: pgs.Table | None = self._run(lambda c: pgs.load_table(c, key[0], key[1], with_stage=self.upsert), "reading the table")
+        if table is None:
+            raise RetryableError(f"table {display(key)} disappeared while the sink was using it", component=pgc.COMPONENT)
+        return table
+
+    def _create(self, key: TableKey, recs: list[SinkRecord], values: list[Any]) -> pgs.Table:
+        if not self.auto_create:
+            raise ConfigError(f"table {display(key)} does not exist and auto.create is false", key="auto.create", source=self.source)
+        for r, v in zip(recs, values):
+            if type(v) is not dict:
+                raise pgc.non_object_error(r, v)
+        pk = self.pk(recs) if self.pk_mode != "none" else []
+        if pk:
+            pgc.latest_per_key(recs, values, pk)  # names the first record lacking a key field
+        inferred = pgs.infer_types(values, pgs.KAFKA_COLUMN_NAMES if self.kafka else ())
+        self._check_names(inferred, recs, values)
+        columns = list(inferred.items()) + (list(pgs.KAFKA_COLUMNS) if self.kafka else [])
+        table = pgs.Table(key[0], key[1])
+        self._run(lambda c: pgs.create_table(c, table, columns, pk), "creating the table")
+        log.info("created table %s with columns %s", display(key), ", ".join(f"{c} {t}" for c, t in columns))
+        return self._reload(key)
+
+    def evolve(self, key: TableKey, recs: list[SinkRecord], values: list[Any]) -> None:
+        """Add a column for every non-null field the table lacks (or name the record, if off)."""
+        table = self._tables[key]
+        new = pgs.infer_types(values, table.columns)
+        if not new:
+            return
+        if not self.auto_evolve:
+            for r, v in zip(recs, values):
+                if type(v) is dict:
+                    for k, x in v.items():
+                        if x is not None and k in new:
+                            raise pgc.record_error(r, f"{table.display} has no column {k!r} and auto.evolve is false", k)
+        self._check_names(new, recs, values)
+        self._run(lambda c: pgs.add_columns(c, table, list(new.items())), "altering the table")
+        log.info("added columns to %s: %s", table.display, ", ".join(f"{c} {t}" for c, t in new.items()))
+        self._tables[key] = self._reload(key)
+
+    @staticmethod
+    def _check_names(columns: Mapping[str, str], recs: list[SinkRecord], values: list[Any]) -> None:
+        for name in columns:
+            why = pgs.check_identifier(name, "field")
+            if why:
+                rec = next(r for r, v in zip(recs, values) if isinstance(v, dict) and name in v)
+                raise pgc.record_error(rec, why, name)

@@ -1,0 +1,222 @@
+"""``eosink connectors ...``: the control plane from the command line, through a worker's REST API.
+
+    eosink connectors [--url URL] apply FILE|DIR...     create or update (idempotent; all files validated first)
+    eosink connectors list | plugins [--docs]
+    eosink connectors status [NAME] [--watch] [--json]  states; per partition: epoch, lag, delivered
+    eosink connectors pause|resume|stop|delete NAME
+    eosink connectors restart NAME [--include-tasks] [--only-failed]
+    eosink connectors offsets NAME [--set TOPIC:PARTITION=OFFSET ...] [--reset]
+    eosink connectors transactions NAME                 prepared / in-doubt transactions (the runbook's view)
+
+``--url`` (``EOSINK_URL``, default http://127.0.0.1:8083); credentials from ``EOSINK_REST_BASIC_AUTH``
+(USER:PASSWORD) or ``EOSINK_REST_TOKEN``, the same variables the worker reads.
+
+**Direct mode**, for bootstrapping a cluster before any worker serves REST: ``--zookeeper HOSTS``
+(with ``--cluster``) makes ``apply``, ``list`` and ``delete`` write ZooKeeper directly, with the same
+validation. Every other action needs a worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from eosink.connectors.api.errors import EosinkError
+
+ACTIONS_DIRECT = ("apply", "list", "delete")
+
+
+def add_parser(sub: Any) -> None:
+    c = sub.add_parser("connectors", help="register and manage connectors (through a worker's REST API)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("--url", default=os.environ.get("EOSINK_URL"), help="worker REST URL (EOSINK_URL; default http://127.0.0.1:8083)")
+    c.add_argument("--basic-auth", default=None, metavar="USER:PASSWORD", help="(EOSINK_REST_BASIC_AUTH)")
+    c.add_argument("--token", default=None, help="bearer token (EOSINK_REST_TOKEN)")
+    c.add_argument("--zookeeper", default=None, help="direct mode: write ZooKeeper instead of calling a worker (bootstrap)")
+    c.add_argument("--cluster", default=os.environ.get("EOSINK_CLUSTER", "default"), help="direct mode: cluster name (EOSINK_CLUSTER)")
+    c.add_argument("--bootstrap-servers", help=argparse.SUPPRESS)  # accepted for compatibility; unused
+    a = c.add_subparsers(dest="action", required=True)
+    p = a.add_parser("apply", help="create or update connectors from JSON files (or directories of them)")
+    p.add_argument("files", nargs="+")
+    a.add_parser("list", help="connector names")
+    p = a.add_parser("status", help="connector and task states, per-partition lag and delivered counts")
+    p.add_argument("name", nargs="?")
+    p.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    p.add_argument("--interval", type=float, default=2.0)
+    p.add_argument("--count", type=int, default=0, help="with --watch: stop after this many refreshes")
+    p.add_argument("--json", action="store_true")
+    for action in ("pause", "resume", "stop", "delete", "transactions"):
+        a.add_parser(action).add_argument("name")
+    p = a.add_parser("restart")
+    p.add_argument("name")
+    p.add_argument("--include-tasks", action="store_true")
+    p.add_argument("--only-failed", action="store_true")
+    p = a.add_parser("offsets", help="show, alter (--set) or reset (--reset) offsets; the connector must be stopped to change them")
+    p.add_argument("name")
+    p.add_argument("--set", action="append", default=[], metavar="TOPIC:PARTITION=OFFSET")
+    p.add_argument("--reset", action="store_true")
+    p = a.add_parser("plugins", help="connector classes; --docs prints every configuration key as Markdown")
+    p.add_argument("--docs", action="store_true")
+    c.set_defaults(func=run)
+
+
+def _files(paths: list[str]) -> Iterator[Path]:
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted(p.glob("*.json"))
+            if not found:
+                raise EosinkError(f"{p}: no *.json files in this directory", component="cli")
+            yield from found
+        else:
+            yield p
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "plugins" and args.docs:
+        from eosink.worker.control.plugins import render_markdown
+
+        print(render_markdown())
+        return 0
+    if args.zookeeper:
+        if args.action not in ACTIONS_DIRECT:
+            raise EosinkError(f"'{args.action}' needs a worker: pass --url instead of --zookeeper", component="cli")
+        return _direct(args)
+    from eosink.worker.clients.rest_client import RestClient
+
+    return _rest(args, RestClient(args.url, basic=args.basic_auth, token=args.token))
+
+
+def _direct(args: argparse.Namespace) -> int:
+    from eosink.worker.control.config import load_connector_file
+    from eosink.worker.control.runner import ConnectorStore
+    from eosink.worker.engine.zk import ZkSession
+
+    configs = [load_connector_file(f, resolve=False) for f in _files(args.files)] if args.action == "apply" else []
+    session = ZkSession(args.zookeeper, args.cluster).start()
+    try:
+        store = ConnectorStore(session)
+        if args.action == "apply":
+            for cfg in configs:
+                print(f"{'created' if store.put(cfg.name, cfg.raw) else 'updated'} connector {cfg.name}")
+        elif args.action == "list":
+            for name in store.names():
+                print(name)
+        elif not store.delete(args.name):
+            raise EosinkError(f"connector {args.name!r} not found", component="cli")
+        else:
+            print(f"deleted connector {args.name}")
+    finally:
+        session.stop()
+    return 0
+
+
+def _rest(args: argparse.Namespace, client: Any) -> int:
+    from eosink.worker.control.config import load_connector_file
+
+    action = args.action
+    if action == "apply":
+        configs = [load_connector_file(f, resolve=False) for f in _files(args.files)]  # all valid before any write
+        for cfg in configs:
+            print(f"{'created' if client.put_config(cfg.name, cfg.raw) else 'updated'} connector {cfg.name}")
+    elif action == "list":
+        for name in client.names():
+            print(name)
+    elif action == "plugins":
+        for p in client.request("GET", "/connector-plugins")[1]:
+            print(f"{p['class']:40} {p['type']} {p.get('version', '')}")
+    elif action == "status":
+        _status(args, client)
+    elif action in ("pause", "resume", "stop"):
+        client.connector(args.name, action)
+        print(f"{action} requested for connector {args.name}")
+    elif action == "delete":
+        client.request("DELETE", f"/connectors/{quote(args.name, safe='')}")
+        print(f"deleted connector {args.name}")
+    elif action == "restart":
+        flags = [f"includeTasks={str(args.include_tasks).lower()}", f"onlyFailed={str(args.only_failed).lower()}"]
+        status, body = client.connector(args.name, "restart", "POST", "?" + "&".join(flags))
+        restarting = [t["id"] for t in (body or {}).get("tasks", []) if t["state"] == "RESTARTING"]
+        print(f"restart requested for connector {args.name}" + (f": tasks {restarting}" if status == 202 else ""))
+    elif action == "offsets":
+        _offsets(args, client)
+    elif action == "transactions":
+        body = client.connector(args.name, "transactions", "GET")[1]
+        for t in body["transactions"]:
+            print(f"{t['state']:9} {t['txn']}  partitions={','.join(t['partitions'])}  sinks={','.join(t.get('sinks', []))}"
+                  + (f"  reason: {t['reason']}" if t.get("reason") else ""))
+        for e in body.get("errors", []):
+            print(f"warning: {e['sink']}: {e['message']}", file=sys.stderr)
+        if not body["transactions"]:
+            print("no prepared transactions")
+    return 0
+
+
+def _offsets(args: argparse.Namespace, client: Any) -> int:
+    if args.reset and args.set:
+        raise EosinkError("use either --set or --reset", component="cli")
+    if args.reset:
+        print(client.connector(args.name, "offsets", "DELETE")[1]["message"])
+        return 0
+    if args.set:
+        items = []
+        for spec in args.set:
+            tp, sep, off = spec.rpartition("=")
+            topic, sep2, part = tp.rpartition(":")
+            if not sep or not sep2 or not part.isdigit() or not (off.isdigit() or off == "null"):
+                raise EosinkError(f"--set {spec!r}: expected TOPIC:PARTITION=OFFSET (OFFSET may be null)", component="cli")
+            items.append({"partition": {"kafka_topic": topic, "kafka_partition": int(part)},
+                          "offset": None if off == "null" else {"kafka_offset": int(off)}})
+        print(client.request("PATCH", f"/connectors/{quote(args.name, safe='')}/offsets", {"offsets": items})[1]["message"])
+        return 0
+    for o in client.connector(args.name, "offsets", "GET")[1]["offsets"]:
+        print(f"{o['partition']['kafka_topic']}\t{o['partition']['kafka_partition']}\t{o['offset']['kafka_offset']}")
+    return 0
+
+
+def _render(status: dict[str, Any]) -> list[str]:
+    c = status["connector"]
+    lines = [f"{status['name']}: {c['state']} (worker {c.get('worker_id') or '-'})"]
+    for t in status["tasks"]:
+        extra = f" [{t['eosink_state']}]" if t.get("eosink_state") else ""
+        lines.append(f"  task {t['id']}: {t['state']}{extra} on {t['worker_id']}")
+        if t.get("trace"):
+            lines += [f"    {line}" for line in t["trace"].strip().splitlines()[-3:]]
+        if t.get("partitions"):
+            lines.append(f"    {'partition':32} {'epoch':>6} {'lag':>10} {'delivered':>12}")
+            for p in t["partitions"]:
+                lag = "-" if p.get("lag") is None else p["lag"]
+                lines.append(f"    {p['partition']:32} {p.get('epoch') or '-':>6} {lag:>10} {p.get('delivered', 0):>12}")
+        for u in t.get("unresolved", []):
+            lines.append(f"    IN DOUBT {u['txn']} ({', '.join(u['partitions'])}): {u['reason']}")
+    return lines
+
+
+def _status(args: argparse.Namespace, client: Any) -> None:
+    refreshes = 0
+    while True:
+        names = [args.name] if args.name else client.names()
+        docs = [client.status(n) for n in names]
+        if args.json:
+            print(json.dumps(docs[0] if args.name else docs, indent=2))
+        else:
+            if args.watch and sys.stdout.isatty():
+                print("\x1b[2J\x1b[H", end="")
+            if args.watch:
+                print(time.strftime("%H:%M:%S"), client.url)
+            for d in docs:
+                print("\n".join(_render(d)))
+            if not docs:
+                print("no connectors")
+        sys.stdout.flush()
+        refreshes += 1
+        if not args.watch or (args.count and refreshes >= args.count):
+            return
+        time.sleep(args.interval)

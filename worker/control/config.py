@@ -1,0 +1,267 @@
+"""Connector configurations in Kafka Connect's shape, and the keys the engine itself reads.
+
+A registration is ``{"name": ..., "config": {"connector.class": ..., "topics": ..., ...}}``;
+``connector.class`` is a short alias (``postgres``, ``s3``, ``iceberg``, ``http``,
+``filesystem``, ``memory``, ``fanout``) or a dotted path to a
+:class:`~eosink.connectors.api.sink.TwoPhaseCommitSink` subclass.
+
+A ``fanout`` connector delivers one outbox into several sinks in one transaction (all prepare,
+one decision, all commit). Its sinks are named in ``sinks`` and configured under a prefix, the
+way Kafka Connect configures ``transforms.<alias>.*``::
+
+    "connector.class": "fanout", "sinks": "db,files",
+    "sinks.db.connector.class": "postgres", "sinks.db.connection.url": "...",
+    "sinks.files.connector.class": "filesystem", "sinks.files.file.path": "/data/out"
+
+Values may reference ``${env:VAR}`` and ``${file:/path/to/props:key}`` (config providers), so
+secrets stay out of the JSON files.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eosink.connectors.api.config import MASK, ConfigDef, Importance, Type, at_least, non_empty, one_of
+from eosink.connectors.api.errors import ConfigError
+from eosink.connectors.api.sink import TwoPhaseCommitSink
+
+ALIASES: dict[str, str] = {
+    "memory": "eosink.connectors.memory.MemorySink",
+    "filesystem": "eosink.connectors.filesystem.FilesystemSink",
+    "postgres": "eosink.connectors.postgres.sink.PostgresSink",
+    "s3": "eosink.connectors.s3.sink.S3Sink",
+    "iceberg": "eosink.connectors.iceberg.sink.IcebergSink",
+    "http": "eosink.connectors.http.sink.HttpSink",
+}
+FANOUT = "fanout"
+
+_CONVERTER_ALIASES = {
+    "org.apache.kafka.connect.json.JsonConverter": "json",
+    "org.apache.kafka.connect.storage.StringConverter": "string",
+    "org.apache.kafka.connect.converters.ByteArrayConverter": "bytes",
+}
+
+#: Keys the engine reads for every connector, whatever its class.
+COMMON = (
+    ConfigDef()
+    .define("connector.class", Type.STRING, doc="Alias or dotted path of the sink class.", importance=Importance.HIGH, validator=non_empty)
+    .define("topics", Type.LIST, doc="Outbox topics to deliver, comma-separated.", importance=Importance.HIGH, validator=non_empty)
+    .define("tasks.max", Type.INT, 1, "At most this many workers consume the connector at once.", validator=at_least(1))
+    .define("commit.interval.ms", Type.LONG, 1000, "Cycle length: the longest a record waits before its commit.", validator=at_least(10))
+    .define("batch.max.records", Type.INT, 200_000, "A cycle commits early once it holds this many records.", validator=at_least(1))
+    .define("batch.max.bytes", Type.LONG, 64 * 1024 * 1024, "A cycle commits early once it holds this many value bytes.", validator=at_least(1))
+    .define("value.converter", Type.STRING, "json", "json | string | bytes (or Kafka Connect's class names).")
+    .define("consumer.auto.offset.reset", Type.STRING, "earliest", "Where to start a partition no decision names yet.",
+            validator=one_of("earliest", "latest"))
+    # -- bad records and errors, as Kafka Connect names them (see worker/engine/deadletter.py) --------------------------
+    .define("errors.tolerance", Type.STRING, "none", "none: a record that cannot be converted or that a sink rejects "
+            "fails the task (the reason is in /status). all: it goes to the dead-letter topic, exactly once, in the "
+            "same cycle, and the partition moves on.", Importance.MEDIUM, one_of("none", "all"))
+    .define("errors.deadletterqueue.topic.name", Type.STRING, "", "Dead-letter topic; required with errors.tolerance=all "
+            "(a tolerated record is never dropped silently). Created when missing.", Importance.MEDIUM)
+    .define("errors.deadletterqueue.topic.replication.factor", Type.INT, -1, "Replication factor of the dead-letter topic "
+            "when it is created; -1 = the broker's default.", Importance.LOW)
+    .define("errors.deadletterqueue.context.headers.enable", Type.BOOLEAN, True, "Add __connect.errors.* headers (topic, "
+            "partition, offset, stage, exception class and message) to each dead-letter record.", Importance.LOW)
+    .define("errors.retry.timeout", Type.LONG, -1, "How long a cycle that keeps failing with a retryable sink error is "
+            "retried, in ms, before the task fails; -1 = forever, 0 = fail at the first error.", Importance.MEDIUM,
+            at_least(-1))
+    .define("errors.retry.delay.max.ms", Type.LONG, 10_000, "Longest backoff between retries of a failed cycle "
+            "(exponential with jitter up to this).", Importance.MEDIUM, at_least(1))
+    .define("errors.log.enable", Type.BOOLEAN, False, "Log every tolerated bad record (topic, partition, offset, error).",
+            Importance.LOW)
+    .define("errors.log.include.messages", Type.BOOLEAN, False, "With errors.log.enable: also log the record's key and "
+            "value.", Importance.LOW)
+)
+
+_REF = re.compile(r"\$\{(env|file):([^}]*)\}")
+
+
+def resolve_providers(value: Any, *, key: str, source: str | None = None) -> Any:
+    """Expand ``${env:VAR}`` and ``${file:path:key}`` in a string value."""
+    if not isinstance(value, str) or "${" not in value:
+        return value
+
+    def sub(m: re.Match[str]) -> str:
+        kind, arg = m.group(1), m.group(2)
+        if kind == "env":
+            if arg not in os.environ:
+                raise ConfigError(f"environment variable {arg} referenced by ${{env:{arg}}} is not set", key=key, source=source)
+            return os.environ[arg]
+        path, _, prop = arg.rpartition(":")
+        if not path:
+            raise ConfigError(f"${{file:{arg}}} needs the form ${{file:/path:key}}", key=key, source=source)
+        try:
+            for line in Path(path).read_text().splitlines():
+                k, sep, v = line.partition("=")
+                if sep and k.strip() == prop:
+                    return v.strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc.strerror}", key=key, source=source) from None
+        raise ConfigError(f"key {prop!r} not found in {path}", key=key, source=source)
+
+    return _REF.sub(sub, value)
+
+
+def load_class(name: str, *, key: str = "connector.class", source: str | None = None) -> type[TwoPhaseCommitSink]:
+    path = ALIASES.get(name, name)
+    module_name, _, cls_name = path.rpartition(".")
+    if not module_name:
+        raise ConfigError(f"unknown connector class {name!r}; aliases: {', '.join(sorted([*ALIASES, FANOUT]))}", key=key, source=source)
+    try:
+        cls = getattr(importlib.import_module(module_name), cls_name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load connector class {name!r}: {exc}", key=key, source=source) from None
+    if not (isinstance(cls, type) and issubclass(cls, TwoPhaseCommitSink)):
+        raise ConfigError(f"{name!r} is not a TwoPhaseCommitSink", key=key, source=source)
+    return cls
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    alias: str
+    cls: type[TwoPhaseCommitSink]
+    config: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    name: str
+    raw: dict[str, Any]
+    settings: dict[str, Any]
+    sinks: tuple[SinkSpec, ...]
+
+    @property
+    def topics(self) -> list[str]:
+        return self.settings["topics"]
+
+    @property
+    def value_converter(self) -> str:
+        v = self.settings["value.converter"]
+        return _CONVERTER_ALIASES.get(v, v)
+
+    def create_sinks(self) -> list[TwoPhaseCommitSink]:
+        return [spec.cls(self.name, spec.config) for spec in self.sinks]
+
+    def masked(self) -> dict[str, Any]:
+        """The config as given, with every password-typed value hidden."""
+        secret: set[str] = set()
+        for spec in self.sinks:
+            prefix = "" if spec.alias == "" else f"sinks.{spec.alias}."
+            secret |= {prefix + k for k in spec.cls.CONFIG.passwords()}
+        # Untyped keys - Kafka client passthroughs (consumer.override.sasl.password) and keys no
+        # definition declares - are hidden by name when they look like credentials.
+        declared = set(COMMON.keys) | {("" if s.alias == "" else f"sinks.{s.alias}.") + k for s in self.sinks for k in s.cls.CONFIG.keys}
+        secret |= {k for k in self.raw if k not in declared and _looks_secret(k)}
+        return {k: (MASK if k in secret and v not in (None, "") else v) for k, v in self.raw.items()}
+
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,99}$")
+
+
+def parse_connector(name: Any, config: Any, *, source: str | None = None, resolve: bool = True) -> ConnectorConfig:
+    """Validate a registration. ``resolve=False`` is for where it is registered (CLI, REST):
+    ``${env:..}``/``${file:..}`` references stay unresolved and unchecked - they are resolved by
+    the worker that runs the connector, so secrets never travel into ZooKeeper."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError("'name' is required: {\"name\": ..., \"config\": {...}}", key="name", source=source)
+    if not _NAME.match(name):
+        raise ConfigError("must be 1-100 letters, digits, '_' or '-' (it names znodes, tables and transaction ids)", key="name", source=source)
+    if not isinstance(config, Mapping):
+        raise ConfigError("'config' must be a JSON object", key="config", source=source)
+    if "name" in config and config["name"] != name:
+        raise ConfigError(f"config name {config['name']!r} differs from the connector name {name!r}", key="name", source=source)
+    raw = {str(k): v for k, v in config.items()}
+    raw["name"] = name
+    if resolve:
+        resolved = {k: resolve_providers(v, key=k, source=source) for k, v in raw.items()}
+        skip: frozenset[str] = frozenset()
+    else:
+        resolved = dict(raw)
+        skip = frozenset(k for k, v in raw.items() if isinstance(v, str) and _REF.search(v))
+    settings = COMMON.parse(resolved, source=source, skip=skip)
+    if settings["errors.tolerance"] == "all" and not settings["errors.deadletterqueue.topic.name"]:
+        raise ConfigError("is required with errors.tolerance=all: a tolerated record goes to the dead-letter topic, "
+                          "it is never dropped silently", key="errors.deadletterqueue.topic.name", source=source)
+    cls_name = settings["connector.class"]
+    if cls_name == FANOUT:
+        aliases = ConfigDef().define("sinks", Type.LIST, validator=non_empty).parse(resolved, source=source)["sinks"]
+        specs = []
+        for alias in aliases:
+            prefix = f"sinks.{alias}."
+            sub = {k[len(prefix):]: v for k, v in resolved.items() if k.startswith(prefix)}
+            key = prefix + "connector.class"
+            if not sub.get("connector.class"):
+                raise ConfigError("is required for every sink named in 'sinks'", key=key, source=source)
+            cls = load_class(str(sub["connector.class"]), key=key, source=source)
+            sub_skip = frozenset(k[len(prefix):] for k in skip if k.startswith(prefix))
+            specs.append(SinkSpec(alias, cls, _parse_sink(cls, sub, source, prefix, sub_skip)))
+        return ConnectorConfig(name, raw, settings, tuple(specs))
+    cls = load_class(cls_name, source=source)
+    return ConnectorConfig(name, raw, settings, (SinkSpec("", cls, _parse_sink(cls, resolved, source, "", skip)),))
+
+
+def _parse_sink(cls: type[TwoPhaseCommitSink], config: dict[str, Any], source: str | None, prefix: str,
+                skip: frozenset[str]) -> dict[str, Any]:
+    try:
+        cls.CONFIG.parse(config, source=source, skip=skip)
+    except ConfigError as exc:
+        raise ConfigError(exc.message.split(": ", 1)[-1], key=prefix + (exc.key or ""), source=source) from None
+    return config
+
+
+def load_connector_file(path: str | Path, *, resolve: bool = True) -> ConnectorConfig:
+    """Read one registration file; every problem names the file and the key."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", source=str(p)) from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", source=str(p)) from None
+    if not isinstance(doc, dict):
+        raise ConfigError('must be a JSON object {"name": ..., "config": {...}}', source=str(p))
+    if "config" not in doc:
+        raise ConfigError("'config' is required: {\"name\": ..., \"config\": {...}}", key="config", source=str(p))
+    return parse_connector(doc.get("name"), doc["config"], source=str(p), resolve=resolve)
+
+
+def _looks_secret(key: str) -> bool:
+    k = key.lower()
+    return any(w in k for w in ("password", "secret", "token", "credential", "jaas")) or k.endswith(".key")
+
+
+def masked_config(name: str, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``raw`` as it may be shown (REST responses, logs): password-typed values hidden.
+
+    A stored config always parses (it was validated when registered); should one not - a
+    connector class removed since - every key that looks secret is hidden instead, so a
+    response never falls back to showing a secret.
+    """
+    try:
+        return parse_connector(name, dict(raw), resolve=False).masked()
+    except ConfigError:
+        return {k: (MASK if _looks_secret(k) and v not in (None, "") else v) for k, v in raw.items()}
+
+
+def secret_values(cfg: ConnectorConfig) -> list[str]:
+    """The values of password-typed keys, as given and as resolved, for log and response redaction."""
+    out: list[str] = []
+    masked = cfg.masked()
+    for k, v in cfg.raw.items():
+        if masked.get(k) == MASK and isinstance(v, str):
+            out.append(v)
+            try:
+                out.append(str(resolve_providers(v, key=k)))
+            except ConfigError:
+                pass
+    return [v for v in out if not _REF.fullmatch(v)]

@@ -1,0 +1,360 @@
+"""Where records come from: a read_committed Kafka consumer with a batch poll.
+
+The engine (``eosink.worker.engine.task``) sees only :class:`RecordSource`, so the deterministic model tests
+can drive the same commit cycle from an in-memory source.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from eosink.connectors.api.errors import FatalError, RecordError, RetryableError
+from eosink.connectors.api.records import SinkRecord, TopicPartition
+
+
+#: A cycle carries at most this many failed records (they are listed in one ZooKeeper znode).
+MAX_FAILED_PER_BATCH = 1000
+
+
+@dataclass
+class FailedRecord:
+    """A record that could not be delivered, kept as it was on the topic for the dead-letter topic.
+
+    ``stage`` is Kafka Connect's name for where it failed: ``VALUE_CONVERTER`` (undecodable) or
+    ``TASK_PUT`` (a sink rejected it).
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp_ms: int
+    error: RecordError
+    stage: str = "VALUE_CONVERTER"
+
+    @classmethod
+    def of(cls, record: SinkRecord, error: RecordError, stage: str = "TASK_PUT") -> "FailedRecord":
+        return cls(record.topic, record.partition, record.offset, record.key, record.raw_value, record.headers,
+                   record.timestamp_ms, error, stage)
+
+
+@dataclass
+class Batch:
+    records: list[SinkRecord] = field(default_factory=list)
+    nbytes: int = 0
+    #: The first record that could not be converted; nothing at or after it is in ``records``.
+    error: RecordError | None = None
+    #: With ``errors.tolerance=all``: records that could not be converted, in the batch's range
+    #: (``records`` holds the others, the batch goes on past them).
+    failed: list[FailedRecord] = field(default_factory=list)
+
+
+class RecordSource(Protocol):
+    def assign(self, positions: Mapping[TopicPartition, int | None]) -> None:
+        """Replace the assignment; ``None`` means "from the reset policy" (nothing decided yet)."""
+
+    def poll_batch(self, max_records: int, max_bytes: int, timeout_s: float) -> Batch: ...
+
+    def commit_offsets(self, offsets: Mapping[TopicPartition, int]) -> None: ...
+
+    def lag(self, *, fresh: bool = False) -> dict[TopicPartition, int]: ...
+
+    def close(self) -> None: ...
+
+
+_loads = json.loads
+_detect_encoding = json.detect_encoding
+_scan_once = json.JSONDecoder().scan_once  # the C scanner of the decoder json.loads uses
+_whitespace = json.decoder.WHITESPACE.match
+_JSONDecodeError = json.JSONDecodeError
+
+
+def _json(raw: bytes | None) -> Any:
+    """``json.loads(raw)`` - same result, same errors - without its Python layers on the usual
+    input (bytes starting ``{``): they cost a third of decoding a 200-byte record."""
+    if raw is None:
+        return None
+    if raw.__class__ is not bytes or raw[:1] != b"{" or raw[1:2] == b"\x00":
+        return _loads(raw)  # what json.loads does for anything else: its own encoding detection
+    # json.loads(bytes) = decode(detect_encoding(raw), "surrogatepass") then JSONDecoder.decode;
+    # detect_encoding() is "utf-8" when the first byte is "{" and the second is not NUL, and
+    # JSONDecoder.decode skips no leading whitespace before a "{".
+    s = raw.decode("utf-8", "surrogatepass")
+    try:
+        obj, end = _scan_once(s, 0)
+    except StopIteration as err:
+        raise _JSONDecodeError("Expecting value", s, err.value) from None
+    if end != len(s):
+        end = _whitespace(s, end).end()
+        if end != len(s):
+            raise _JSONDecodeError("Extra data", s, end)
+    return obj
+
+
+def _string(raw: bytes | None) -> Any:
+    return None if raw is None else raw.decode("utf-8")
+
+
+def _bytes(raw: bytes | None) -> Any:
+    return raw
+
+
+CONVERTERS: dict[str, Callable[[bytes | None], Any]] = {"json": _json, "string": _string, "bytes": _bytes}
+
+_gc_lock = threading.Lock()
+_gc_holders = 0
+_gc_disabled_here = False
+_gc_paused_since = 0.0
+#: Several task threads whose pauses overlap could keep the collector off indefinitely, and the
+#: cycles other threads make (REST requests, ZooKeeper callbacks, sink clients) would pile up: once
+#: it has been off this long, the next pause runs one collection first.
+GC_MAX_PAUSE_S = 10.0
+
+
+def _pause_gc() -> None:
+    """Pause the cyclic garbage collector while a batch is built (paired with :func:`_resume_gc`).
+
+    A batch is up to ``max_records`` freshly allocated containers (a ``SinkRecord`` and the decoded
+    value's dicts per record) that all survive the batch: with the collector on, its generation
+    thresholds (700 allocations) keep re-scanning that growing young heap, and the full collections
+    it provokes rescan everything alive - measured at ~40% of a poll of 200-byte JSON records.
+    Building a batch creates no reference cycle, so pausing leaks nothing: reference counting still
+    frees everything; the collector runs again as soon as the last concurrent poll (one per task
+    thread) is done, and collects whatever cycles other threads made meanwhile.
+    """
+    global _gc_holders, _gc_disabled_here, _gc_paused_since
+    with _gc_lock:
+        now = time.monotonic()
+        if _gc_holders == 0:
+            _gc_disabled_here = gc.isenabled()
+            if _gc_disabled_here:
+                gc.disable()
+                _gc_paused_since = now
+        elif _gc_disabled_here and now - _gc_paused_since > GC_MAX_PAUSE_S:
+            gc.collect()  # off for too long under overlapping pauses: collect once, stay paused
+            _gc_paused_since = time.monotonic()
+        _gc_holders += 1
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The collector paused for a block (nested and concurrent uses count; see :func:`_pause_gc`).
+
+    The task holds it for a whole cycle: the batch - hundreds of thousands of containers - is
+    created by the poll and freed by reference counting when the cycle ends, so a collection in
+    between (the first allocation after the poll would start one) would only walk it for nothing.
+    Whatever cycles the sinks' clients create meanwhile are collected right after the cycle."""
+    _pause_gc()
+    try:
+        yield
+    finally:
+        _resume_gc()
+
+
+def _resume_gc() -> None:
+    global _gc_holders, _gc_disabled_here
+    with _gc_lock:
+        _gc_holders -= 1
+        if _gc_holders == 0 and _gc_disabled_here:
+            _gc_disabled_here = False
+            gc.enable()
+
+
+class KafkaSource:
+    """A confluent-kafka consumer with a manual assignment (ZooKeeper assigns, not the group).
+
+    ``group.id`` is still set (``eosink-<connector>``), so offsets committed best effort after
+    each cycle show up in ordinary Kafka tooling as consumer lag.
+    """
+
+    def __init__(
+        self,
+        connector: str,
+        bootstrap: str,
+        *,
+        value_converter: str = "json",
+        reset: str = "earliest",
+        overrides: Mapping[str, Any] | None = None,
+        fetch_batch: int = 10_000,
+        tolerate: bool = False,
+    ) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer
+
+        self.connector = connector
+        #: errors.tolerance=all: an undecodable record goes to ``Batch.failed`` and the batch goes on.
+        self.tolerate = tolerate
+        conf: dict[str, Any] = {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"eosink-{connector}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": reset,
+            "enable.partition.eof": False,
+            "statistics.interval.ms": 0,
+            "fetch.wait.max.ms": 100,
+            "queued.min.messages": 200_000,
+            # librdkafka postpones a partition's next fetch by this long whenever its prefetch queue
+            # is over the thresholds above - 1000 ms by default, which stalls a consumer that drains
+            # the queue quickly: measured here, 0.39M records/s with the default against 1.7-1.9M
+            # with 10-50 ms (bench/bench_worker.py). A short back-off only re-checks the queue sooner.
+            "fetch.queue.backoff.ms": 20,
+        }
+        conf.update(overrides or {})
+        self.consumer = Consumer(conf)
+        try:
+            self.decode = CONVERTERS[value_converter]
+        except KeyError:
+            raise FatalError(f"unknown value.converter {value_converter!r}; one of {', '.join(CONVERTERS)}") from None
+        self.fetch_batch = fetch_batch
+        # No decision yet: start where the reset policy says - never at the group's committed offset, which
+        # is only a best-effort copy for Kafka tooling and may be stale (e.g. after the offsets were reset).
+        self._reset_to = OFFSET_BEGINNING if reset == "earliest" else OFFSET_END
+        self._pending: list[Any] = []
+        #: Set by the task to end the flush in progress early (stop requested, assignment changed).
+        self.interrupt = threading.Event()
+        self._assigned: list[TopicPartition] = []
+        #: time.monotonic() when the first records arrived after the last assign() (None: not yet):
+        #: how long a new owner waits for data, and where a benchmark starts a steady-state clock.
+        self.first_record_at: float | None = None
+        self._known_topics: set[str] = set()
+
+    def assign(self, positions: Mapping[TopicPartition, int | None]) -> None:
+        from confluent_kafka import TopicPartition as KTP
+
+        self._pending = []
+        self._assigned = sorted(positions)
+        self.first_record_at = None
+        self._learn_topics({tp.topic for tp in positions})
+        self.consumer.assign(
+            [KTP(tp.topic, tp.partition, self._reset_to if off is None else off) for tp, off in sorted(positions.items())]
+        )
+
+    def _learn_topics(self, topics: set[str]) -> None:
+        """Ask for the metadata of topics this consumer has not assigned before. Without it the
+        new topics' leaders were sometimes learnt only by librdkafka's next periodic scan: the
+        first records then came ~0.7 s after the assignment instead of ~10 ms (seen in 3 of 6
+        tries), which is that much longer a handoff."""
+        from confluent_kafka import KafkaException
+
+        for topic in sorted(topics - self._known_topics):
+            try:
+                self.consumer.list_topics(topic, timeout=2)
+                self._known_topics.add(topic)
+            except KafkaException:
+                pass  # assign anyway: librdkafka learns the leaders on its own, only later
+
+    def poll_batch(self, max_records: int, max_bytes: int, timeout_s: float) -> Batch:
+        _pause_gc()
+        try:
+            return self._poll_batch(max_records, max_bytes, timeout_s)
+        finally:
+            _resume_gc()
+
+    def _poll_batch(self, max_records: int, max_bytes: int, timeout_s: float) -> Batch:
+        from confluent_kafka import KafkaError
+
+        batch = Batch()
+        out = batch.records
+        append = out.append
+        decode = self.decode
+        deadline = time.monotonic() + timeout_s
+        nbytes = 0
+        while len(out) < max_records and nbytes < max_bytes and len(batch.failed) < MAX_FAILED_PER_BATCH:
+            if self._pending:
+                msgs, self._pending = self._pending, []
+            else:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._assigned or self.interrupt.is_set():
+                    break
+                # Short slices, so a stop or a new assignment ends the flush within ~0.1 s.
+                msgs = self.consumer.consume(num_messages=min(self.fetch_batch, max_records - len(out)),
+                                             timeout=min(remaining, 0.1))
+                if msgs and self.first_record_at is None:
+                    self.first_record_at = time.monotonic()
+            for i, m in enumerate(msgs):
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    self._pending = []
+                    if err.fatal():
+                        raise FatalError(f"consumer error: {err}", component="kafka-consumer")
+                    raise RetryableError(f"consumer error: {err}", component="kafka-consumer")
+                raw = m.value()
+                try:
+                    value = decode(raw)
+                except (ValueError, UnicodeDecodeError) as exc:
+                    error = RecordError(
+                        f"value cannot be decoded as {decode.__name__.strip('_')}: {exc}",
+                        topic=m.topic(), partition=m.partition(), offset=m.offset(), component="converter",
+                    )
+                    if self.tolerate:
+                        headers = m.headers()
+                        batch.failed.append(FailedRecord(m.topic(), m.partition(), m.offset(), m.key(), raw,
+                                                         tuple(headers) if headers else (), m.timestamp()[1], error))
+                        if len(batch.failed) >= MAX_FAILED_PER_BATCH:
+                            self._pending = msgs[i + 1:]
+                            break  # the dead-letter manifest of one cycle stays small
+                        continue
+                    self._pending = []
+                    batch.error = error
+                    batch.nbytes = nbytes
+                    return batch
+                headers = m.headers()
+                append(
+                    SinkRecord(m.topic(), m.partition(), m.offset(), m.key(), value, raw,
+                               tuple(headers) if headers else (), m.timestamp()[1])
+                )
+                if raw is not None:
+                    nbytes += len(raw)
+                if len(out) >= max_records or nbytes >= max_bytes:
+                    self._pending = msgs[i + 1:]
+                    break
+        batch.nbytes = nbytes
+        return batch
+
+    def commit_offsets(self, offsets: Mapping[TopicPartition, int]) -> None:
+        from confluent_kafka import KafkaException
+        from confluent_kafka import TopicPartition as KTP
+
+        try:
+            self.consumer.commit(offsets=[KTP(tp.topic, tp.partition, off) for tp, off in offsets.items()], asynchronous=True)
+        except KafkaException:
+            pass  # best effort: the decision log, not the group, is the source of truth
+
+    def lag(self, *, fresh: bool = False) -> dict[TopicPartition, int]:
+        from confluent_kafka import KafkaException
+        from confluent_kafka import TopicPartition as KTP
+
+        out = {}
+        try:
+            positions = self.consumer.position([KTP(tp.topic, tp.partition) for tp in self._assigned])
+        except KafkaException:
+            return out
+        for p in positions:
+            try:
+                # Cached: the high watermark the last fetch response carried, no broker round trip
+                # (used inside cycles); fresh: asked of the broker (idle or paused tasks).
+                _, high = (self.consumer.get_watermark_offsets(p, timeout=1, cached=False) if fresh
+                           else self.consumer.get_watermark_offsets(p, cached=True))
+            except KafkaException:
+                continue
+            if p.offset >= 0 and high >= 0:
+                out[TopicPartition(p.topic, p.partition)] = max(0, high - p.offset)
+        return out
+
+    def close(self) -> None:
+        try:
+            self.consumer.close()
+        except RuntimeError:
+            pass

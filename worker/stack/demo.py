@@ -1,0 +1,287 @@
+"""``eosink demo`` (``make demo``): Spark -> outbox -> worker -> PostgreSQL + Iceberg + S3 + files, then count.
+
+Each run starts clean (topic, table, decision log and output of the demo connector are reset),
+publishes a deterministic set of orders from a PySpark job in one Kafka transaction per task,
+also publishes one transaction that it aborts, starts a worker process, registers
+``configs/demo-orders.json`` through the worker's REST API (``eosink connectors --url ... apply``),
+waits until everything is delivered, and counts each sink itself: PostgreSQL by SQL, the Iceberg
+table by a pyiceberg scan, the S3 archive by reading its objects, the files by their lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from eosink.connectors.api.errors import EosinkError
+
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo-orders.json"
+TOPIC = "eosink-demo-orders"
+TABLE = "demo_orders"
+CONNECTOR = "demo-orders"
+LAKE_BUCKET, LAKE_TABLE = "eosink-demo-lake", "demo.orders"
+ARCHIVE_BUCKET = "eosink-demo-archive"
+
+
+def _sink_env(ep) -> dict[str, str]:
+    """What ``configs/demo-orders.json`` reads through ``${env:...}``: the local stack's endpoints."""
+    user_host = ep.postgres_dsn.split("://", 1)[1]
+    return {
+        "EOSINK_PG_DSN": ep.postgres_dsn,
+        "EOSINK_ICEBERG_CATALOG_URI": f"postgresql+psycopg2://{user_host}",
+        "EOSINK_S3_ENDPOINT": ep.s3["endpoint_url"],
+        "EOSINK_S3_ACCESS_KEY_ID": ep.s3["aws_access_key_id"],
+        "EOSINK_S3_SECRET_ACCESS_KEY": ep.s3["aws_secret_access_key"],
+    }
+
+
+def _lake_catalog(ep):
+    from pyiceberg.catalog import load_catalog
+
+    env = _sink_env(ep)
+    return load_catalog("eosink", type="sql", uri=env["EOSINK_ICEBERG_CATALOG_URI"], warehouse=f"s3://{LAKE_BUCKET}/warehouse",
+                        **{"s3.endpoint": env["EOSINK_S3_ENDPOINT"], "s3.access-key-id": env["EOSINK_S3_ACCESS_KEY_ID"],
+                           "s3.secret-access-key": env["EOSINK_S3_SECRET_ACCESS_KEY"], "s3.region": "us-east-1"})
+
+
+def _empty_bucket(s3, bucket: str) -> None:
+    try:
+        s3.create_bucket(Bucket=bucket)
+    except (s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
+        pass
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            s3.delete_objects(Bucket=bucket, Delete={"Objects": keys})
+
+
+def _step(msg: str) -> None:
+    print(f"==> {msg}", flush=True)
+
+
+def _reset(ep, home: Path, partitions: int) -> None:
+    import psycopg
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from kazoo.client import KazooClient
+
+    admin = AdminClient({"bootstrap.servers": ep.kafka_bootstrap})
+    if TOPIC in admin.list_topics(timeout=10).topics:
+        admin.delete_topics([TOPIC])[TOPIC].result(30)
+        deadline = time.monotonic() + 30
+        while TOPIC in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
+            time.sleep(0.2)
+    for _ in range(50):
+        try:
+            admin.create_topics([NewTopic(TOPIC, num_partitions=partitions, replication_factor=1)])[TOPIC].result(30)
+            break
+        except Exception:  # noqa: BLE001 - deletion still settling
+            time.sleep(0.3)
+    zk = KazooClient(hosts=ep.zookeeper_hosts)
+    zk.start(timeout=20)
+    for path in (f"/eosink/default/partitions/{CONNECTOR}", f"/eosink/default/connectors/{CONNECTOR}"):
+        if zk.exists(path):
+            zk.delete(path, recursive=True)
+    zk.stop()
+    with psycopg.connect(ep.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
+        for table in ("eosink_offsets", "eosink_txn_manifest", "eosink_committed_txns"):
+            if conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0]:
+                conn.execute(f"DELETE FROM {table} WHERE connector = %s", (CONNECTOR,))
+    shutil.rmtree(home / "demo-out", ignore_errors=True)
+    import boto3
+
+    s3 = boto3.client("s3", **ep.s3)
+    for bucket in (LAKE_BUCKET, ARCHIVE_BUCKET):
+        _empty_bucket(s3, bucket)
+    try:
+        _lake_catalog(ep).drop_table(LAKE_TABLE)
+    except Exception:  # noqa: BLE001 - first run: no table yet
+        pass
+
+
+def _publish_aborted(bootstrap: str, n: int) -> None:
+    """One transaction that is aborted: none of it may ever be delivered."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"eosink-demo-aborted-{uuid.uuid4().hex[:8]}"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(n):
+        p.produce(TOPIC, key=f"aborted-{i}", value=json.dumps({"order_id": f"aborted-{i}", "customer": "nobody", "amount": 0}))
+    p.flush(30)
+    p.abort_transaction(30)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="eosink demo")
+    ap.add_argument("--orders", type=int, default=100_000)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--timeout", type=float, default=300)
+    args = ap.parse_args(argv)
+
+    from eosink.worker.stack import load_endpoints
+
+    t0 = time.monotonic()
+    ep = load_endpoints()
+    home = Path(os.environ.get("EOSINK_HOME", ".eosink")).resolve()
+    os.environ["EOSINK_HOME"] = str(home)
+    os.environ.update(_sink_env(ep))
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+    _step(f"resetting demo topic {TOPIC} ({args.partitions} partitions), table {TABLE}, lake table {LAKE_TABLE}, "
+          f"buckets {LAKE_BUCKET} and {ARCHIVE_BUCKET}, connector state")
+    _reset(ep, home, args.partitions)
+
+    _step(f"publishing {args.orders} orders from a Spark job (one Kafka transaction per task)")
+    from pyspark.sql import SparkSession
+
+    from eosink.spark_jobs.jobs import orders
+
+    spark = (SparkSession.builder.master("local[2]").appName("eosink-demo")
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    run_id = f"demo-{uuid.uuid4().hex[:8]}"
+    published = orders.run(spark, run_id=run_id, bootstrap=ep.kafka_bootstrap, orders_topic=TOPIC,
+                           n_orders=args.orders, partitions=args.partitions)
+    spark.stop()
+    _step(f"published: {published}")
+    _publish_aborted(ep.kafka_bootstrap, 1000)
+    _step("published 1000 more records in a Kafka transaction that was aborted")
+
+    log_path = home / "logs" / "demo-worker.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    port = int(os.environ.get("EOSINK_REST_PORT") or _free_port())
+    url = f"http://127.0.0.1:{port}"
+    _step(f"starting a worker with its REST API on {url} (log: {log_path})")
+    t_worker = time.monotonic()
+    with open(log_path, "w") as logf:
+        worker = subprocess.Popen([sys.executable, "-m", "eosink.worker.clients.cli", "worker", "--worker-id", "demo-worker",
+                                   "--rest-host", "127.0.0.1", "--rest-port", str(port)],
+                                  stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, "EOSINK_LOG_FORMAT": "json"})
+    try:
+        _wait_ready(url, worker, log_path)
+        shown = CONFIG.relative_to(Path.cwd()) if CONFIG.is_relative_to(Path.cwd()) else CONFIG
+        _step(f"registering {shown} through the REST API: eosink connectors --url {url} apply {shown}")
+        from eosink.worker.clients.cli import main as cli_main
+
+        if cli_main(["connectors", "--url", url, "apply", str(CONFIG)]) != 0:
+            raise EosinkError("registering the demo connector failed", component="demo")
+        _step("waiting until everything is delivered")
+        counts = _wait_delivered(ep.postgres_dsn, args.orders, args.timeout, worker, log_path)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        rc = worker.wait(60)
+    delivered_s = time.monotonic() - t_worker
+    files = _count_files(home / "demo-out" / CONNECTOR / "committed")
+    lake = _count_ids(_lake_ids(ep))
+    archive = _count_ids(_archive_ids(ep))
+    ok = (counts["duplicates"] == 0 and counts["missing"] == 0 and counts["from_aborted"] == 0 and files == args.orders
+          and rc == 0 and all(c == {"rows": args.orders, "distinct": args.orders, "from_aborted": 0} for c in (lake, archive)))
+    print()
+    print("verification (each sink read back by itself)")
+    print(f"  records published (committed) : {args.orders}")
+    print("  records in an aborted txn     : 1000")
+    print(f"  PostgreSQL rows delivered     : {counts['rows']}")
+    print(f"  distinct ids                  : {counts['distinct']}")
+    print(f"  duplicates                    : {counts['duplicates']}")
+    print(f"  missing                       : {counts['missing']}")
+    print(f"  rows from the aborted txn     : {counts['from_aborted']}")
+    print(f"  lines in the filesystem sink  : {files}")
+    print(f"  Iceberg table (pyiceberg scan): {lake['rows']} rows, {lake['distinct']} distinct ids, "
+          f"{lake['from_aborted']} from the aborted txn")
+    print(f"  S3 archive (objects read)     : {archive['rows']} lines, {archive['distinct']} distinct ids, "
+          f"{archive['from_aborted']} from the aborted txn")
+    print(f"  worker exit code (SIGTERM)    : {rc}")
+    print(f"  delivery time                 : {delivered_s:.1f} s ({args.orders / max(delivered_s, 1e-9):,.0f} records/s incl. start-up)")
+    print(f"  total demo time               : {time.monotonic() - t0:.1f} s")
+    print("RESULT:", "OK - exactly once" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+def _lake_ids(ep) -> list[str]:
+    table = _lake_catalog(ep).load_table(LAKE_TABLE)
+    return table.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist()
+
+
+def _archive_ids(ep) -> list[str]:
+    import boto3
+
+    s3 = boto3.client("s3", **ep.s3)
+    ids: list[str] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=ARCHIVE_BUCKET, Prefix=f"{CONNECTOR}/"):
+        for obj in page.get("Contents", []):
+            body = s3.get_object(Bucket=ARCHIVE_BUCKET, Key=obj["Key"])["Body"].read()
+            ids += [json.loads(line)["order_id"] for line in body.splitlines() if line]
+    return ids
+
+
+def _count_ids(ids: list[str]) -> dict[str, int]:
+    return {"rows": len(ids), "distinct": len(set(ids)), "from_aborted": sum(1 for i in ids if str(i).startswith("aborted-"))}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ready(url: str, worker: subprocess.Popen, log_path: Path, timeout: float = 60) -> None:
+    """Until the worker's ``/ready`` says it joined the cluster."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if worker.poll() is not None:
+            raise EosinkError(f"the worker exited with code {worker.returncode}", component="demo", log_file=str(log_path))
+        try:
+            with urllib.request.urlopen(f"{url}/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.3)
+    raise EosinkError(f"the worker was not ready within {timeout:.0f} s", component="demo", log_file=str(log_path))
+
+
+def _wait_delivered(dsn: str, expected: int, timeout: float, worker: subprocess.Popen, log_path: Path) -> dict[str, int]:
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    counts = {"rows": 0, "distinct": 0, "duplicates": 0, "missing": expected, "from_aborted": 0}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            if worker.poll() is not None:
+                raise EosinkError(f"the worker exited with code {worker.returncode}", component="demo", log_file=str(log_path))
+            if conn.execute("SELECT to_regclass(%s)", (TABLE,)).fetchone()[0]:
+                rows, distinct, aborted = conn.execute(
+                    f"SELECT count(*), count(DISTINCT order_id), count(*) FILTER (WHERE order_id LIKE 'aborted-%%') FROM {TABLE}"
+                ).fetchone()
+                counts = {"rows": rows, "distinct": distinct, "duplicates": rows - distinct,
+                          "missing": expected - (distinct - aborted), "from_aborted": aborted}
+                if distinct >= expected:
+                    time.sleep(2 * 1.0)  # two more commit intervals: anything extra would show now
+                    rows, distinct = conn.execute(f"SELECT count(*), count(DISTINCT order_id) FROM {TABLE}").fetchone()
+                    counts.update(rows=rows, distinct=distinct, duplicates=rows - distinct)
+                    return counts
+            time.sleep(0.5)
+    raise EosinkError(f"not everything was delivered within {timeout:.0f} s: {counts}", component="demo", log_file=str(log_path))
+
+
+def _count_files(path: Path) -> int:
+    n = 0
+    for f in path.glob("*.jsonl"):
+        with open(f, "rb") as fh:
+            n += sum(1 for _ in fh)
+    return n
