@@ -15,6 +15,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.handlers.threading import KazooTimeoutError
 
 from eosink.connectors.api.errors import RetryableError
+from eosink.worker import paths
 from eosink.worker.logging import get_logger
 
 log = get_logger("eosink.worker.engine.zk")
@@ -26,7 +27,7 @@ class ZkSession:
     timeout_exception = KazooTimeoutError
 
     def __init__(self, hosts: str, cluster: str = "default", session_timeout: float = 10.0) -> None:
-        self.root = f"/eosink/{cluster}"
+        self.root = paths.cluster_root(cluster)
         self.session_timeout = session_timeout
         self.request_timeout = max(2.0, session_timeout / 2)
         self.client = KazooClient(hosts=hosts, timeout=session_timeout)
