@@ -9,7 +9,7 @@ commit.interval.ms=1000 cycle holds at the target rate):
     any writer of this object layout does.
 (b) put + copy (the protocol's floor) - the same pre-encoded bytes put at pending keys, then
     copied to the final keys, with the same concurrency: the data requests any prepare-then-copy
-    commit makes (the issue's S3 protocol), without encoding and without bookkeeping requests.
+    commit makes (the S3 sink's protocol), without encoding and without bookkeeping requests.
 (c) the sink - begin_transaction / write / pre_commit / commit per cycle: encoding, epoch reads,
     pending uploads, manifest, copies to the final keys, commit marker, cleanup all included.
 

@@ -5,25 +5,15 @@
 
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml constraints.txt README.md ./
+COPY pyproject.toml setup.py constraints.txt README.md LICENSE ./
 COPY worker ./worker
 COPY connectors ./connectors
 COPY spark_jobs ./spark_jobs
-# A worker runs no Spark: install the worker's dependencies (pinned by constraints.txt), then eosink
-# itself without dependencies, so PySpark and its jars stay out of the image. tests/test_docker.py
-# checks this list against pyproject.toml's dependencies.
+# A worker runs no Spark: the `worker` extra is every sink's dependencies (pyproject.toml), pinned
+# by constraints.txt, so PySpark and its jars stay out of the image.
 RUN python -m venv /opt/eosink \
  && /opt/eosink/bin/pip install --no-cache-dir --upgrade pip \
- && /opt/eosink/bin/pip install --no-cache-dir -c constraints.txt \
-        "confluent-kafka>=2.16.1" \
-        "kazoo>=2.11.0" \
-        "psycopg[binary]>=3.3.9" \
-        "boto3>=1.43" \
-        "pyiceberg[pyarrow,sql-postgres]>=0.12.0,<0.13" \
-        "pyarrow>=26.0.1" \
-        "structlog>=26.1.0" \
-        "prometheus-client>=0.26.0" \
- && /opt/eosink/bin/pip install --no-cache-dir --no-deps .
+ && /opt/eosink/bin/pip install --no-cache-dir -c constraints.txt ".[worker]"
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/eosink --create-home eosink

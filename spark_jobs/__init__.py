@@ -1,4 +1,4 @@
-"""eosink's exactly-once Spark outbox publisher (issue 6).
+"""eosink's exactly-once Spark outbox publisher.
 
 Spark's own Kafka sink is at-least-once: a retried or speculative task writes its partition again.
 :func:`publish_outbox` publishes each partition in one Kafka transaction whose transactional.id is

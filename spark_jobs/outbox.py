@@ -2,7 +2,7 @@
 
 The encoding work (key to string, row to JSON) is done by Spark's JVM (``to_json``) before the data
 reaches Python, and the Python side receives plain Arrow columns through ``mapInArrow``: per record
-it only calls ``Producer.produce``. That is the fast path the issue asks for; there is no per-row
+it only calls ``Producer.produce``. That is the fast path; there is no per-row
 Python serialisation, no ``Row`` objects and no pickling.
 """
 

@@ -48,7 +48,8 @@ from eosink.spark_jobs.errors import (
     TransactionTimeoutError,
 )
 from eosink.spark_jobs.ledger import LedgerEntry, entry_value, lookup_committed
-from eosink.spark_jobs.naming import HEADER_ID, HEADER_RUN, ledger_key, record_id_prefix, transactional_id
+from eosink.connectors.api.records import ID_HEADER, RUN_HEADER
+from eosink.spark_jobs.naming import ledger_key, record_id_prefix, transactional_id
 from eosink.spark_jobs.outbox import CompiledOutbox
 
 FaultHook = Callable[[str, int, int], None]
@@ -230,7 +231,7 @@ class PartitionPublisher:
                 # The common case, kept tight: one topic, every row, only the two eosink headers.
                 topic, keys, values, _, _ = plan[0]
                 for key, value in zip(keys, values):
-                    hdrs = [(HEADER_ID, prefix + str(seq)), (HEADER_RUN, run)]
+                    hdrs = [(ID_HEADER, prefix + str(seq)), (RUN_HEADER, run)]
                     try:
                         produce(topic, value, key, headers=hdrs)
                     except BufferError:
@@ -242,7 +243,7 @@ class PartitionPublisher:
                     for topic, keys, values, whens, more in plan:
                         if whens is not None and not whens[i]:
                             continue
-                        hdrs = [(HEADER_ID, prefix + str(seq)), (HEADER_RUN, run), *more]
+                        hdrs = [(ID_HEADER, prefix + str(seq)), (RUN_HEADER, run), *more]
                         try:
                             produce(topic, values[i], keys[i], headers=hdrs)
                         except BufferError:

@@ -19,7 +19,7 @@ import enum
 
 
 class Outcome(enum.Enum):
-    """The three outcome classes of every sink operation (seed 000's SinkOK/Retryable/Fatal)."""
+    """The three outcome classes of every sink operation (ok, retryable, fatal)."""
 
     OK = "ok"
     RETRYABLE = "retryable"

@@ -13,7 +13,7 @@ and on start and on every newly acquired partition::
     recover() -> [TxnManifest]         every txn prepared and not yet committed or aborted
     recover_and_commit(m) | recover_and_abort(m)
 
-Outcomes are the seed's three classes: returning normally is **ok**; raising
+Outcomes are three classes: returning normally is **ok**; raising
 :class:`~eosink.connectors.api.errors.RetryableError` is **retryable**; raising
 :class:`~eosink.connectors.api.errors.FatalError` (or anything unexpected) is **fatal**.
 
@@ -60,7 +60,7 @@ class TwoPhaseCommitSink(abc.ABC):
 
     @abc.abstractmethod
     def write(self, records: Sequence[SinkRecord]) -> None:
-        """Stage records (the seed's ``stage``); nothing becomes visible."""
+        """Stage records (``stage`` in the contract); nothing becomes visible."""
 
     @abc.abstractmethod
     def pre_commit(self, manifest: TxnManifest) -> None:

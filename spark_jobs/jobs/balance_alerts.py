@@ -1,4 +1,4 @@
-"""Balance aggregation with high-balance alerts (scenario of seed 002), as a Spark batch job.
+"""Balance aggregation with high-balance alerts (the transactional-outbox balance example), as a Spark batch job.
 
 Transactions ``(txn_id, user_id, amount, ts)`` are summed per user; every user whose balance
 exceeds the threshold (10000.0 by default) gets an alert in the alerts outbox, and, when a balances

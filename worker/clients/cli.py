@@ -123,7 +123,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from eosink.worker.version import VERSION
+
     p = argparse.ArgumentParser(prog="eosink", description="Exactly-once sink worker cluster.")
+    p.add_argument("--version", action="version", version=f"eosink {VERSION}")
     sub = p.add_subparsers(dest="command", required=True)
 
     sub.add_parser("stack", help="local stack: up | down | status", add_help=False)

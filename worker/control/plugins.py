@@ -16,9 +16,9 @@ from typing import Any
 from eosink.connectors.api.config import MASK, ConfigDef, ConfigKey, Importance, Type
 from eosink.connectors.api.errors import ConfigError
 from eosink.connectors.api.sink import TwoPhaseCommitSink
+from eosink.worker.version import VERSION
 from eosink.worker.control.config import _NAME, _REF, ALIASES, COMMON, FANOUT, load_class, parse_connector
 
-VERSION = "0.1.0"
 _ERROR_KEYS = frozenset(k for k in COMMON.keys if k.startswith("errors."))
 NAME_KEY = ConfigKey("name", Type.STRING, doc="Globally unique name of the connector (names znodes, tables and "
                      "transaction ids): 1-100 letters, digits, '_' or '-'.", importance=Importance.HIGH)

@@ -2,7 +2,7 @@
 
 kazoo reports SUSPENDED when the connection drops and LOST only once the server says the
 session expired - which a client cut off from the server may not hear until it reconnects
-(FIELD-NOTES). So: on SUSPENDED stop deciding at once; once a full session timeout has passed
+(measured with kazoo). So: on SUSPENDED stop deciding at once; once a full session timeout has passed
 on the local clock since the suspension, treat every partition as lost (``session_probably_lost``).
 """
 
