@@ -11,9 +11,6 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from eosink.connectors.api.errors import ConfigError, RecordError
 from eosink.connectors.api.records import SinkRecord
 from eosink.worker.transforms import (
@@ -28,6 +25,8 @@ from eosink.worker.transforms import (
 )
 from eosink.worker.transforms.base import RECORD_FIELDS, with_headers, with_key, with_topic, with_value
 from eosink.worker.transforms.dateformat import compile_format
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 PKG = "org.apache.kafka.connect.transforms."
 #: The machine is shared: slow draws are the machine's, not the strategy's.
@@ -244,7 +243,7 @@ def test_timestampconverter_string_to_unix_and_back():
 
 
 def test_timestampconverter_unix_precision_and_logical_types():
-    moment = dt.datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=dt.timezone.utc)
+    moment = dt.datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=dt.UTC)
     c = one("TimestampConverter", target_type="unix", unix_precision="seconds")
     assert value_of(c, rec(moment)) == 1_700_000_000
     assert value_of(c, rec(1_700_000_000)) == 1_700_000_000  # the precision reads and writes
@@ -459,6 +458,15 @@ def test_chain_applies_in_order_and_stops_at_a_drop():
     assert c.apply(rec(1, topic="orders")) is None
     out = c.apply(rec(1, topic="other"))
     assert out is not None and out.value == {"v": 1} and out.topic == "other"
+
+
+def test_fused_value_stages_pass_a_tombstone_as_the_same_record():
+    cfg = {"transforms": "a,b", "transforms.a.type": "InsertField$Value", "transforms.a.static.field": "s",
+           "transforms.a.static.value": "v", "transforms.b.type": "ReplaceField$Value", "transforms.b.exclude": "x"}
+    c = build_chain(cfg)
+    r = rec(None)
+    assert c.apply(r) is r
+    assert value_of(c, rec({"x": 1, "y": 2})) == {"y": 2, "s": "v"}
 
 
 def test_empty_chain_is_falsy_and_returns_the_record():

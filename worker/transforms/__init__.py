@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eosink.connectors.api.config import ConfigDef
-
 from eosink.worker.transforms.base import BadRecord, Predicate, Transform
 from eosink.worker.transforms.chain import (
     CHAIN_KEYS,

@@ -85,16 +85,28 @@ class Transform:
     def apply(self, record: SinkRecord) -> SinkRecord | None:
         raise NotImplementedError
 
-    # -- helpers for the sided, map-shaped transforms ---------------------------------------------------------------
-    def operand(self, r: SinkRecord) -> Any:
-        return r.key if self.on_key else r.value
-
-    def rebuilt(self, r: SinkRecord, new: Any) -> SinkRecord:
-        return with_key(r, new) if self.on_key else with_value(r, new)
-
     def not_a_map(self, v: Any, purpose: str) -> BadRecord:
         """Connect's ``requireMap`` failure, in this record's words."""
         return BadRecord(f"{purpose} needs the {self.what} to be a JSON object (a map), found {type_name(v)}")
+
+
+class MapTransform(Transform):
+    """A transform that only replaces the key or the value, computed from it (and the record's metadata).
+
+    ``map(record, operand)`` returns the new key/value, or ``operand`` itself when nothing changes
+    (the record is then passed on as it is, ``raw_value`` intact). The chain runs consecutive
+    ungated ``$Value`` map transforms on the value alone and rebuilds the record once.
+    """
+
+    def map(self, r: SinkRecord, v: Any) -> Any:
+        raise NotImplementedError
+
+    def apply(self, r: SinkRecord) -> SinkRecord | None:
+        v = r.key if self.on_key else r.value
+        new = self.map(r, v)
+        if new is v:
+            return r
+        return with_key(r, new) if self.on_key else with_value(r, new)
 
 
 class Predicate:

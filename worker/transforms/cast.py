@@ -19,8 +19,7 @@ from typing import Any
 from eosink.connectors.api.config import ConfigDef, Importance, Type, non_empty
 from eosink.connectors.api.errors import ConfigError
 from eosink.connectors.api.records import SinkRecord
-
-from eosink.worker.transforms.base import BadRecord, Transform, type_name
+from eosink.worker.transforms.base import BadRecord, MapTransform, type_name
 
 _INT_BITS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64}
 _INT_TEXT = re.compile(r"[+-]?[0-9]+")
@@ -144,7 +143,7 @@ def parse_spec(key: str, spec: list[str]) -> tuple[Callable[[Any], Any] | None, 
     return whole, fields
 
 
-class Cast(Transform):
+class Cast(MapTransform):
     name = "Cast"
     sided = True
     doc = ("Cast fields (field:type,...) or the entire key/value (a single type) to int8, int16, int32, int64, "
@@ -157,12 +156,11 @@ class Cast(Transform):
         self._whole, fields = parse_spec("spec", config["spec"])
         self._fields = tuple(fields.items())
 
-    def apply(self, r: SinkRecord) -> SinkRecord | None:
-        v = r.key if self.on_key else r.value
+    def map(self, r: SinkRecord, v: Any) -> Any:
         if v is None:
-            return r
+            return v
         if self._whole is not None:
-            return self.rebuilt(r, self._whole(v))
+            return self._whole(v)
         if type(v) is not dict:
             raise self.not_a_map(v, "casting fields")
         new = v.copy()
@@ -172,4 +170,4 @@ class Cast(Transform):
                 new[f] = None if x is None else cast(x)  # an absent field comes out as null, as in Connect
             except BadRecord as exc:
                 raise BadRecord(exc.message, f) from None
-        return self.rebuilt(r, new)
+        return new

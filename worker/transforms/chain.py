@@ -31,8 +31,7 @@ from typing import Any
 from eosink.connectors.api.config import ConfigDef, ConfigKey, Importance, Type
 from eosink.connectors.api.errors import ConfigError, RecordError
 from eosink.connectors.api.records import SinkRecord
-
-from eosink.worker.transforms.base import BadRecord, Predicate, Transform
+from eosink.worker.transforms.base import BadRecord, MapTransform, Predicate, Transform, with_value
 from eosink.worker.transforms.registry import PREDICATES, TRANSFORMS
 
 STAGE = "TRANSFORMATION"
@@ -100,12 +99,58 @@ class Stage:
                               transform_type=self.type)
 
 
+class _StageFailed(Exception):
+    """Raised out of a fused run of stages: which stage failed, and how."""
+
+    def __init__(self, stage: Stage, exc: Exception) -> None:
+        super().__init__(str(exc))
+        self.stage = stage
+        self.exc = exc
+
+
+def _fusable(s: Stage) -> bool:
+    return isinstance(s.transform, MapTransform) and not s.transform.on_key and s.predicate is None
+
+
+def _fused(stages: tuple[Stage, ...]) -> Callable[[SinkRecord], SinkRecord | None]:
+    """Consecutive ungated ``$Value`` map transforms as one call: the value passes through each,
+    and the record is rebuilt once (a SinkRecord costs about as much as a small transform)."""
+    maps = tuple((s, s.transform.map) for s in stages)  # type: ignore[attr-defined]
+
+    def run(r: SinkRecord) -> SinkRecord | None:
+        v = v0 = r.value
+        for stage, fn in maps:
+            try:
+                v = fn(r, v)
+            except Exception as exc:
+                raise _StageFailed(stage, exc) from exc
+        return r if v is v0 else with_value(r, v)
+
+    return run
+
+
+def _runs(stages: tuple[Stage, ...]) -> tuple[tuple[Stage, Callable[[SinkRecord], SinkRecord | None]], ...]:
+    out = []
+    i = 0
+    while i < len(stages):
+        j = i
+        while j < len(stages) and _fusable(stages[j]):
+            j += 1
+        if j - i >= 2:
+            out.append((stages[i], _fused(stages[i:j])))
+            i = j
+        else:
+            out.append((stages[i], stages[i].runner()))
+            i += 1
+    return tuple(out)
+
+
 class TransformChain:
     """The configured transforms, in order. Empty (falsy) when the connector declares none."""
 
     def __init__(self, stages: tuple[Stage, ...] = ()) -> None:
         self.stages = stages
-        self._runs = tuple((s, s.runner()) for s in stages)
+        self._runs = _runs(stages)
 
     def __len__(self) -> int:
         return len(self.stages)
@@ -122,6 +167,8 @@ class TransformChain:
                 out = run(out)  # type: ignore[arg-type]
                 if out is None:
                     return None
+        except _StageFailed as failed:
+            raise failed.stage.failure(record if out is None else out, failed.exc) from failed.exc
         except Exception as exc:
             assert stage is not None
             raise stage.failure(record if out is None else out, exc) from exc

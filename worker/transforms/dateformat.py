@@ -27,7 +27,7 @@ _FIELDS = {
     "SSS": ("milli", 3, "{1:03d}"),
 }
 SUPPORTED = "yyyy MM dd HH mm ss SSS, quoted literals such as 'T' or 'Z', and punctuation"
-EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MS = dt.timedelta(milliseconds=1)
 
 
@@ -50,7 +50,7 @@ class DateFormat:
         g = m.groupdict()
         when = dt.datetime(int(g.get("year") or 1970), int(g.get("month") or 1), int(g.get("day") or 1),
                            int(g.get("hour") or 0), int(g.get("minute") or 0), int(g.get("second") or 0),
-                           int(g.get("milli") or 0) * 1000, tzinfo=dt.timezone.utc)
+                           int(g.get("milli") or 0) * 1000, tzinfo=dt.UTC)
         return (when - EPOCH) // _MS
 
 

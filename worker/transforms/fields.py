@@ -14,8 +14,7 @@ from typing import Any
 from eosink.connectors.api.config import ConfigDef, Importance, Type, non_empty
 from eosink.connectors.api.errors import ConfigError
 from eosink.connectors.api.records import SinkRecord
-
-from eosink.worker.transforms.base import BadRecord, Transform, type_name, with_key
+from eosink.worker.transforms.base import BadRecord, MapTransform, Transform, type_name, with_key
 
 _OPTIONALITY = " A trailing '!' or '?' (Connect's required/optional marker for schemas) is accepted and ignored."
 
@@ -27,7 +26,7 @@ def _spec(name: str | None) -> str | None:
     return name[:-1] if name.endswith(("!", "?")) else name
 
 
-class InsertField(Transform):
+class InsertField(MapTransform):
     name = "InsertField"
     sided = True
     doc = "Insert the record's topic, partition, offset and timestamp, and/or a static field, into a map."
@@ -54,16 +53,15 @@ class InsertField(Transform):
         self._static = {static_field: static_value} if static_field is not None and static_value is not None else {}
         self._noop = not self._meta and not self._static
 
-    def apply(self, r: SinkRecord) -> SinkRecord | None:
-        v = r.key if self.on_key else r.value
+    def map(self, r: SinkRecord, v: Any) -> Any:
         if v is None or self._noop:
-            return r
+            return v
         if type(v) is not dict:
             raise self.not_a_map(v, "field insertion")
         new = {**v, **self._static} if self._static else v.copy()
         for field, attr in self._meta:
             new[field] = getattr(r, attr)
-        return self.rebuilt(r, new)
+        return new
 
 
 def _renames(key: str, pairs: list[str]) -> dict[str, str]:
@@ -76,7 +74,7 @@ def _renames(key: str, pairs: list[str]) -> dict[str, str]:
     return out
 
 
-class ReplaceField(Transform):
+class ReplaceField(MapTransform):
     name = "ReplaceField"
     sided = True
     doc = "Keep (include), drop (exclude) and rename fields of a map."
@@ -98,26 +96,26 @@ class ReplaceField(Transform):
         self._renames = _renames("renames", config.get("renames") or [])
         self._exclude_only = self._include is None and not self._renames
 
-    def apply(self, r: SinkRecord) -> SinkRecord | None:
-        v = r.key if self.on_key else r.value
+    def map(self, r: SinkRecord, v: Any) -> Any:
         if v is None:
-            return r
+            return v
         if type(v) is not dict:
             raise self.not_a_map(v, "field replacement")
         excl = self._exclude
-        if self._exclude_only:
-            new = {k: x for k, x in v.items() if k not in excl}
-        else:
-            incl, ren = self._include, self._renames
-            new = {ren.get(k, k): x for k, x in v.items() if k not in excl and (incl is None or k in incl)}
-        return self.rebuilt(r, new)
+        if self._exclude_only:  # copy-and-pop is ~3x faster than a comprehension for a few excluded fields
+            new = v.copy()
+            for k in excl:
+                new.pop(k, None)
+            return new
+        incl, ren = self._include, self._renames
+        return {ren.get(k, k): x for k, x in v.items() if k not in excl and (incl is None or k in incl)}
 
 
 # -- MaskField ----------------------------------------------------------------------------------------------------------
 _EMPTY: dict[type, Any] = {bool: False, int: 0, float: 0.0, str: ""}
 
 
-class MaskField(Transform):
+class MaskField(MapTransform):
     name = "MaskField"
     sided = True
     doc = ("Replace fields with the empty value of their type (0, false, \"\", [], {}), or with a replacement "
@@ -164,18 +162,17 @@ class MaskField(Transform):
             raise BadRecord(f"replacement {self._raw_replacement!r} is not a valid {type_name(x)}", field)
         return self._replacement[t]
 
-    def apply(self, r: SinkRecord) -> SinkRecord | None:
-        v = r.key if self.on_key else r.value
+    def map(self, r: SinkRecord, v: Any) -> Any:
         if type(v) is not dict:
             raise self.not_a_map(v, "field masking")
         new = v.copy()
         for f in self._fields:
             x = v.get(f)
             new[f] = None if x is None else self._masked(f, x)
-        return self.rebuilt(r, new)
+        return new
 
 
-class ExtractField(Transform):
+class ExtractField(MapTransform):
     name = "ExtractField"
     sided = True
     doc = "Replace the map with one of its fields (null when the field is absent)."
@@ -186,16 +183,15 @@ class ExtractField(Transform):
         super().__init__(config, on_key=on_key)
         self._field: str = config["field"]
 
-    def apply(self, r: SinkRecord) -> SinkRecord | None:
-        v = r.key if self.on_key else r.value
+    def map(self, r: SinkRecord, v: Any) -> Any:
         if v is None:
-            return r
+            return v
         if type(v) is not dict:
             raise self.not_a_map(v, "field extraction")
-        return self.rebuilt(r, v.get(self._field))
+        return v.get(self._field)
 
 
-class HoistField(Transform):
+class HoistField(MapTransform):
     name = "HoistField"
     sided = True
     doc = "Wrap the whole key or value in a map under one field."
@@ -206,8 +202,8 @@ class HoistField(Transform):
         super().__init__(config, on_key=on_key)
         self._field: str = config["field"]
 
-    def apply(self, r: SinkRecord) -> SinkRecord | None:
-        return self.rebuilt(r, {self._field: r.key if self.on_key else r.value})
+    def map(self, r: SinkRecord, v: Any) -> Any:
+        return {self._field: v}
 
 
 class ValueToKey(Transform):
@@ -228,7 +224,7 @@ class ValueToKey(Transform):
         return with_key(r, {f: v.get(f) for f in self._fields})
 
 
-class Flatten(Transform):
+class Flatten(MapTransform):
     name = "Flatten"
     sided = True
     doc = ("Flatten nested maps into one level, joining field names with the delimiter; arrays and scalars are "
@@ -237,7 +233,7 @@ class Flatten(Transform):
 
     def __init__(self, config: Mapping[str, Any], *, on_key: bool = False) -> None:
         super().__init__(config, on_key=on_key)
-        self._delimiter: str = config.get("delimiter") if config.get("delimiter") is not None else "."
+        self._delimiter: str = str(config.get("delimiter") if config.get("delimiter") is not None else ".")
 
     def _into(self, m: dict[str, Any], prefix: str, out: dict[str, Any]) -> None:
         d = self._delimiter
@@ -248,12 +244,11 @@ class Flatten(Transform):
             else:
                 out[name] = x
 
-    def apply(self, r: SinkRecord) -> SinkRecord | None:
-        v = r.key if self.on_key else r.value
+    def map(self, r: SinkRecord, v: Any) -> Any:
         if v is None:
-            return r
+            return v
         if type(v) is not dict:
             raise self.not_a_map(v, "flattening")
         out: dict[str, Any] = {}
         self._into(v, "", out)
-        return self.rebuilt(r, out)
+        return out

@@ -15,7 +15,6 @@ from typing import Any
 from eosink.connectors.api.config import ConfigDef, Importance, Type, non_empty, one_of
 from eosink.connectors.api.errors import ConfigError
 from eosink.connectors.api.records import SinkRecord
-
 from eosink.worker.transforms.base import Header, Transform, with_headers, with_key, with_value
 
 

@@ -7,7 +7,6 @@ from typing import Any
 
 from eosink.connectors.api.config import ConfigDef, Importance, Type, non_empty
 from eosink.connectors.api.records import SinkRecord
-
 from eosink.worker.transforms.base import Predicate
 from eosink.worker.transforms.regex import compile_java
 

@@ -11,11 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eosink.connectors.api.config import ConfigDef
-
 from eosink.worker.transforms.base import Predicate, Transform
 from eosink.worker.transforms.cast import Cast
-from eosink.worker.transforms.fields import ExtractField, Flatten, HoistField, InsertField, MaskField, ReplaceField, \
-    ValueToKey
+from eosink.worker.transforms.fields import (
+    ExtractField,
+    Flatten,
+    HoistField,
+    InsertField,
+    MaskField,
+    ReplaceField,
+    ValueToKey,
+)
 from eosink.worker.transforms.headers import DropHeaders, HeaderFrom, InsertHeader
 from eosink.worker.transforms.predicates import HasHeaderKey, RecordIsTombstone, TopicNameMatches
 from eosink.worker.transforms.routing import Filter, RegexRouter

@@ -11,7 +11,6 @@ from typing import Any
 
 from eosink.connectors.api.config import ConfigDef, Importance, Type, non_empty
 from eosink.connectors.api.records import SinkRecord
-
 from eosink.worker.transforms.base import Transform, with_topic
 from eosink.worker.transforms.regex import compile_java, java_replacement
 

@@ -15,8 +15,7 @@ from typing import Any
 from eosink.connectors.api.config import ConfigDef, Importance, Type, one_of
 from eosink.connectors.api.errors import ConfigError
 from eosink.connectors.api.records import SinkRecord
-
-from eosink.worker.transforms.base import BadRecord, Transform, type_name, with_topic
+from eosink.worker.transforms.base import BadRecord, MapTransform, Transform, type_name, with_topic
 from eosink.worker.transforms.dateformat import EPOCH, DateFormat, compile_format
 
 _MS = dt.timedelta(milliseconds=1)
@@ -30,7 +29,7 @@ def _tdiv(a: int, b: int) -> int:
     return q if a >= 0 else -q
 
 
-class TimestampConverter(Transform):
+class TimestampConverter(MapTransform):
     name = "TimestampConverter"
     sided = True
     doc = "Convert a timestamp (the whole key/value, or one field of a map) between string, unix, Date, Time and Timestamp."
@@ -68,10 +67,10 @@ class TimestampConverter(Transform):
             except (ValueError, OverflowError) as exc:
                 raise BadRecord(str(exc)) from None
         if isinstance(x, dt.datetime):
-            when = x if x.tzinfo is not None else x.replace(tzinfo=dt.timezone.utc)
+            when = x if x.tzinfo is not None else x.replace(tzinfo=dt.UTC)
             return (when - EPOCH) // _MS
         if isinstance(x, dt.date):
-            return (dt.datetime(x.year, x.month, x.day, tzinfo=dt.timezone.utc) - EPOCH) // _MS
+            return (dt.datetime(x.year, x.month, x.day, tzinfo=dt.UTC) - EPOCH) // _MS
         if isinstance(x, dt.time):
             return (x.hour * 3600 + x.minute * 60 + x.second) * 1000 + x.microsecond // 1000
         raise BadRecord(f"cannot read a timestamp from a value of type {type_name(x)}")
@@ -96,12 +95,11 @@ class TimestampConverter(Transform):
         except OverflowError:
             raise BadRecord(f"timestamp {x!r} is out of range") from None
 
-    def apply(self, r: SinkRecord) -> SinkRecord | None:
-        v = r.key if self.on_key else r.value
+    def map(self, r: SinkRecord, v: Any) -> Any:
         if v is None:
-            return r
+            return v
         if not self._field:
-            return self.rebuilt(r, self.convert(v))
+            return self.convert(v)
         if type(v) is not dict:
             raise self.not_a_map(v, "converting a timestamp field")
         x = v.get(self._field)
@@ -110,7 +108,7 @@ class TimestampConverter(Transform):
             new[self._field] = None if x is None else self.convert(x)
         except BadRecord as exc:
             raise BadRecord(exc.message, self._field) from None
-        return self.rebuilt(r, new)
+        return new
 
 
 class TimestampRouter(Transform):
