@@ -484,6 +484,15 @@ def test_failure_in_second_stage_names_that_stage_and_the_original_coordinates()
     assert e.value.component == "transforms.bad"
 
 
+def test_failure_after_a_router_names_the_topic_the_record_was_read_from():
+    cfg = {"transforms": "route,bad", "transforms.route.type": "RegexRouter", "transforms.route.regex": ".*",
+           "transforms.route.replacement": "elsewhere", "transforms.bad.type": "ExtractField$Value",
+           "transforms.bad.field": "a"}
+    with pytest.raises(TransformError) as e:
+        build_chain(cfg).apply(rec("x", topic="orders"))
+    assert e.value.topic == "orders" and e.value.alias == "bad"
+
+
 def test_unknown_key_is_refused_with_closest_key_hint():
     with pytest.raises(ConfigError) as e:
         build_chain({"transforms": "mask", "transforms.mask.type": "MaskField$Value", "transforms.mask.feilds": "a"})

@@ -159,7 +159,8 @@ class TransformChain:
         return bool(self.stages)
 
     def apply(self, record: SinkRecord) -> SinkRecord | None:
-        """``record`` through every stage; ``None`` once a stage drops it. Raises TransformError."""
+        """``record`` through every stage; ``None`` once a stage drops it. Raises TransformError naming
+        the record as it was read (a router before the failing stage does not change the coordinates)."""
         out: SinkRecord | None = record
         stage = None
         try:
@@ -168,10 +169,10 @@ class TransformChain:
                 if out is None:
                     return None
         except _StageFailed as failed:
-            raise failed.stage.failure(record if out is None else out, failed.exc) from failed.exc
+            raise failed.stage.failure(record, failed.exc) from failed.exc
         except Exception as exc:
             assert stage is not None
-            raise stage.failure(record if out is None else out, exc) from exc
+            raise stage.failure(record, exc) from exc
         return out
 
     @staticmethod
