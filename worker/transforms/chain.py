@@ -1,0 +1,329 @@
+"""A connector's transform chain, built from its flat config exactly as Kafka Connect reads it.
+
+    transforms=mask,route
+    transforms.mask.type=org.apache.kafka.connect.transforms.MaskField$Value
+    transforms.mask.fields=email
+    transforms.route.type=RegexRouter
+    transforms.route.regex=orders-(.*)
+    transforms.route.replacement=$1
+    transforms.route.predicate=isOrders
+    transforms.route.negate=false
+    predicates=isOrders
+    predicates.isOrders.type=TopicNameMatches
+    predicates.isOrders.pattern=orders-.*
+
+Everything is checked when the chain is built: a misspelt key under ``transforms.<alias>.`` (with
+the closest known key as a hint), a missing or unknown ``type``, an undeclared predicate. The
+engine calls :meth:`TransformChain.apply` once per record after decoding and before
+``sink.write``; ``None`` means the record was dropped. A record a transform cannot process raises
+:class:`TransformError` (a :class:`RecordError`), which the engine routes by ``errors.tolerance``
+with the stage ``TRANSFORMATION``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from eosink.connectors.api.config import ConfigDef, ConfigKey, Importance, Type
+from eosink.connectors.api.errors import ConfigError, RecordError
+from eosink.connectors.api.records import SinkRecord
+from eosink.worker.transforms.base import BadRecord, MapTransform, Predicate, Transform, with_value
+from eosink.worker.transforms.registry import PREDICATES, TRANSFORMS
+
+STAGE = "TRANSFORMATION"
+#: Keys every transform alias accepts besides its own.
+CHAIN_KEYS = (
+    ConfigDef()
+    .define("type", Type.STRING, doc="The transform's class: Connect's class name or its short form.",
+            importance=Importance.HIGH)
+    .define("predicate", Type.STRING, None, "Apply the transform only to records this predicate alias matches.")
+    .define("negate", Type.BOOLEAN, False, "Apply the transform to the records the predicate does not match.")
+)
+_LIST = ConfigKey("transforms", Type.LIST, "")
+
+
+class _UnknownKeys(ConfigError):
+    """Several unknown keys under one alias: raised as the first, reported (by validate) as all."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        super().__init__(errors[0].message.split(": ", 1)[-1], key=errors[0].key)
+        self.all = errors
+
+
+class TransformError(RecordError):
+    """A transform could not process a record. ``alias`` and ``transform_type`` name the stage."""
+
+    stage = STAGE
+
+    def __init__(self, message: str, *, record: SinkRecord, alias: str, transform_type: str,
+                 column: str | None = None) -> None:
+        super().__init__(f"transform '{alias}' ({transform_type}) failed: {message}", topic=record.topic,
+                         partition=record.partition, offset=record.offset, column=column,
+                         component=f"transforms.{alias}")
+        self.alias = alias
+        self.transform_type = transform_type
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One ``transforms`` alias: its transform and, optionally, the predicate that gates it."""
+
+    alias: str
+    type: str
+    transform: Transform
+    predicate: Predicate | None = None
+    predicate_alias: str | None = None
+    negate: bool = False
+
+    def runner(self) -> Callable[[SinkRecord], SinkRecord | None]:
+        """The per-record call, with the predicate folded in so the chain's loop stays flat."""
+        apply, pred = self.transform.apply, self.predicate
+        if pred is None:
+            return apply
+        test, negate = pred.test, self.negate
+
+        def gated(r: SinkRecord) -> SinkRecord | None:
+            return apply(r) if test(r) is not negate else r
+
+        return gated
+
+    def failure(self, record: SinkRecord, exc: Exception) -> TransformError:
+        if isinstance(exc, BadRecord):
+            return TransformError(exc.message, record=record, alias=self.alias, transform_type=self.type,
+                                  column=exc.field)
+        return TransformError(f"{type(exc).__name__}: {exc}", record=record, alias=self.alias,
+                              transform_type=self.type)
+
+
+class _StageFailed(Exception):
+    """Raised out of a fused run of stages: which stage failed, and how."""
+
+    def __init__(self, stage: Stage, exc: Exception) -> None:
+        super().__init__(str(exc))
+        self.stage = stage
+        self.exc = exc
+
+
+def _fusable(s: Stage) -> bool:
+    return isinstance(s.transform, MapTransform) and not s.transform.on_key and s.predicate is None
+
+
+def _fused(stages: tuple[Stage, ...]) -> Callable[[SinkRecord], SinkRecord | None]:
+    """Consecutive ungated ``$Value`` map transforms as one call: the value passes through each,
+    and the record is rebuilt once (a SinkRecord costs about as much as a small transform)."""
+    maps = tuple((s, s.transform.map) for s in stages)  # type: ignore[attr-defined]
+
+    def run(r: SinkRecord) -> SinkRecord | None:
+        v = v0 = r.value
+        for stage, fn in maps:
+            try:
+                v = fn(r, v)
+            except Exception as exc:
+                raise _StageFailed(stage, exc) from exc
+        return r if v is v0 else with_value(r, v)
+
+    return run
+
+
+def _runs(stages: tuple[Stage, ...]) -> tuple[tuple[Stage, Callable[[SinkRecord], SinkRecord | None]], ...]:
+    out = []
+    i = 0
+    while i < len(stages):
+        j = i
+        while j < len(stages) and _fusable(stages[j]):
+            j += 1
+        if j - i >= 2:
+            out.append((stages[i], _fused(stages[i:j])))
+            i = j
+        else:
+            out.append((stages[i], stages[i].runner()))
+            i += 1
+    return tuple(out)
+
+
+class TransformChain:
+    """The configured transforms, in order. Empty (falsy) when the connector declares none."""
+
+    def __init__(self, stages: tuple[Stage, ...] = ()) -> None:
+        self.stages = stages
+        self._runs = _runs(stages)
+
+    def __len__(self) -> int:
+        return len(self.stages)
+
+    def __bool__(self) -> bool:
+        return bool(self.stages)
+
+    def apply(self, record: SinkRecord) -> SinkRecord | None:
+        """``record`` through every stage; ``None`` once a stage drops it. Raises TransformError naming
+        the record as it was read (a router before the failing stage does not change the coordinates)."""
+        out: SinkRecord | None = record
+        stage = None
+        try:
+            for stage, run in self._runs:
+                out = run(out)  # type: ignore[arg-type]
+                if out is None:
+                    return None
+        except _StageFailed as failed:
+            raise failed.stage.failure(record, failed.exc) from failed.exc
+        except Exception as exc:
+            assert stage is not None
+            raise stage.failure(record, exc) from exc
+        return out
+
+    @staticmethod
+    def validate(config: Mapping[str, Any]) -> list[ConfigError]:
+        """Every problem of the chain's config, each naming its full key (the validate endpoint's view)."""
+        return validate_chain(config)
+
+    @staticmethod
+    def config_def(config: Mapping[str, Any]) -> ConfigDef:
+        """The chain's keys under their full names (``transforms.mask.fields``), for docs and validation."""
+        return chain_config_def(config)
+
+
+def build_chain(config: Mapping[str, Any]) -> TransformChain:
+    """The chain ``config`` declares; the first problem is raised as a ConfigError naming its key."""
+    return TransformChain(_stages(config, None))
+
+
+def validate_chain(config: Mapping[str, Any]) -> list[ConfigError]:
+    errors: list[ConfigError] = []
+    _stages(config, errors)
+    return errors
+
+
+def chain_config_def(config: Mapping[str, Any]) -> ConfigDef:
+    out = ConfigDef()
+    for kind, prefix, names in (("transforms", "transforms.", _aliases(config, "transforms")),
+                                ("predicates", "predicates.", _aliases(config, "predicates"))):
+        for alias in names:
+            base = f"{prefix}{alias}."
+            type_name = str(config.get(base + "type") or "").strip()
+            own = _own_def(kind, type_name)
+            extra = CHAIN_KEYS.keys.values() if kind == "transforms" else [CHAIN_KEYS.keys["type"]]
+            for key in [*extra, *(own.keys.values() if own else ())]:
+                out.define(base + key.name, key.type, key.default, key.doc, key.importance, None)
+    return out
+
+
+# -- building ------------------------------------------------------------------------------------------------------------
+def _aliases(config: Mapping[str, Any], key: str) -> list[str]:
+    return list(ConfigKey(key, Type.LIST, "").coerce(config.get(key) or ""))
+
+
+def _own_def(kind: str, type_name: str) -> ConfigDef | None:
+    if kind == "transforms":
+        t = TRANSFORMS.get(type_name)
+        return t.config_def if t else None
+    p = PREDICATES.get(type_name)
+    return p.config_def if p else None
+
+
+def _reworded(exc: ConfigError, prefix: str) -> ConfigError:
+    """``exc`` (raised against a transform's own key) under the key's full name."""
+    message = exc.message.split(": ", 1)[-1] if exc.key else exc.message
+    return ConfigError(message, key=prefix + exc.key if exc.key else None)
+
+
+def _unknown_keys(config: Mapping[str, Any], prefix: str, known: list[str]) -> list[ConfigError]:
+    errors = []
+    for full in config:
+        if not full.startswith(prefix):
+            continue
+        key = full[len(prefix):]
+        if key in known:
+            continue
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f"did you mean `{prefix}{close[0]}`?" if close else f"known keys: {', '.join(prefix + k for k in known)}"
+        errors.append(ConfigError(f"unknown key; {hint}", key=full))
+    return errors
+
+
+def _type_of(config: Mapping[str, Any], prefix: str, names: Mapping[str, Any], what: str) -> Any:
+    raw = config.get(prefix + "type")
+    name = str(raw).strip() if raw is not None else ""
+    if not name:
+        raise ConfigError(f"is required: the {what}'s class", key=prefix + "type")
+    if name not in names:
+        close = difflib.get_close_matches(name, list(names), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown {what} class {name!r}{hint}", key=prefix + "type")
+    return names[name]
+
+
+def _parse_own(config: Mapping[str, Any], prefix: str, own: ConfigDef) -> dict[str, Any]:
+    sub = {k[len(prefix):]: v for k, v in config.items() if k.startswith(prefix)}
+    try:
+        return own.parse(sub)
+    except ConfigError as exc:
+        raise _reworded(exc, prefix) from None
+
+
+def _predicate(config: Mapping[str, Any], alias: str) -> Predicate:
+    prefix = f"predicates.{alias}."
+    cls: type[Predicate] = _type_of(config, prefix, PREDICATES, "predicate")
+    unknown = _unknown_keys(config, prefix, ["type", *cls.config_def.keys])
+    if unknown:
+        raise _UnknownKeys(unknown)
+    try:
+        return cls(_parse_own(config, prefix, cls.config_def))
+    except ConfigError as exc:
+        raise exc if (exc.key or "").startswith(prefix) else _reworded(exc, prefix) from None
+
+
+def _stage(config: Mapping[str, Any], alias: str, predicates: Mapping[str, Predicate | None]) -> Stage:
+    prefix = f"transforms.{alias}."
+    t = _type_of(config, prefix, TRANSFORMS, "transform")
+    unknown = _unknown_keys(config, prefix, [*CHAIN_KEYS.keys, *t.config_def.keys])
+    if unknown:
+        raise _UnknownKeys(unknown)
+    chain = _parse_own(config, prefix, CHAIN_KEYS)
+    pred_alias = (chain.get("predicate") or "").strip() or None
+    if pred_alias is not None and pred_alias not in predicates:
+        declared = ", ".join(predicates) or "none"
+        raise ConfigError(f"names predicate {pred_alias!r}, which 'predicates' does not declare (declared: {declared})",
+                          key=prefix + "predicate")
+    if chain["negate"] and pred_alias is None:
+        raise ConfigError("negate=true needs a predicate", key=prefix + "negate")
+    try:
+        transform = t.cls(_parse_own(config, prefix, t.config_def), on_key=t.on_key)
+    except ConfigError as exc:
+        raise exc if (exc.key or "").startswith(prefix) else _reworded(exc, prefix) from None
+    pred = predicates[pred_alias] if pred_alias is not None else None
+    return Stage(alias, str(config[prefix + "type"]).strip(), transform, pred, pred_alias, bool(chain["negate"]))
+
+
+def _declared(config: Mapping[str, Any], key: str) -> list[str]:
+    aliases = _aliases(config, key)
+    dupes = sorted({a for a in aliases if aliases.count(a) > 1})
+    if dupes:
+        raise ConfigError(f"alias {dupes[0]!r} is declared more than once", key=key)
+    return aliases
+
+
+def _stages(config: Mapping[str, Any], errors: list[ConfigError] | None) -> tuple[Stage, ...]:
+    """Build every stage; with ``errors`` collect each problem and go on, else raise the first."""
+
+    def attempt(fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except ConfigError as exc:
+            if errors is None:
+                raise
+            errors.extend(exc.all if isinstance(exc, _UnknownKeys) else [exc])
+            return None
+
+    predicates: dict[str, Predicate | None] = {}
+    for alias in attempt(lambda: _declared(config, "predicates")) or []:
+        predicates[alias] = attempt(functools.partial(_predicate, config, alias))
+    stages = []
+    for alias in attempt(lambda: _declared(config, "transforms")) or []:
+        stage = attempt(functools.partial(_stage, config, alias, predicates))
+        if stage is not None:
+            stages.append(stage)
+    return tuple(stages)
