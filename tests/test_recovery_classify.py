@@ -14,7 +14,8 @@ A, B = TopicPartition("t", 0), TopicPartition("t", 1)
 
 
 def manifest(txn: str, epochs: dict[TopicPartition, int]) -> TxnManifest:
-    return TxnManifest(txn, "c", tuple(PartitionRange(tp.topic, tp.partition, 0, 9, e) for tp, e in sorted(epochs.items())))
+    ranges = tuple(PartitionRange(tp.topic, tp.partition, 0, 9, e) for tp, e in sorted(epochs.items()))
+    return TxnManifest(txn, "c", ranges)
 
 
 def test_txn_named_by_one_entry_is_committed_even_where_a_newer_epoch_holds_its_other_partition():

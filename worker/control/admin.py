@@ -94,7 +94,7 @@ class ClusterAdmin:
             names = sorted(self.zk.get_children(paths.status(self.root, connector)))
         except NoNodeError:
             return []
-        out = []
+        out: list[TaskReport] = []
         for w in names:
             try:
                 doc = json.loads(self.zk.get(paths.task_status(self.root, connector, w))[0])

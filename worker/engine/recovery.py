@@ -46,7 +46,8 @@ class Verdict:
     fenced: frozenset[TopicPartition] = frozenset()
 
 
-def classify(manifest: TxnManifest, entries: Mapping[TopicPartition, Entry], held: Mapping[TopicPartition, int]) -> Verdict:
+def classify(manifest: TxnManifest, entries: Mapping[TopicPartition, Entry],
+             held: Mapping[TopicPartition, int]) -> Verdict:
     """Commit, abort or report the prepared txn ``manifest``, with the reason.
 
     ``entries`` are the decision-log entries of the txn's partitions; ``held`` the epoch at which

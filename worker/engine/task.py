@@ -46,8 +46,15 @@ from eosink.worker.engine.ranges import check_not_behind, txn_ranges
 from eosink.worker.engine.recovery import recover
 from eosink.worker.engine.source import Batch, RecordSource, gc_paused
 from eosink.worker.engine.tolerance import RetryTimeout, Tolerance
-from eosink.worker.engine.types import (Backoff, CycleOutcome, CycleResult, TaskSettings, TaskState, TaskStatus,
-                                        Unresolved)
+from eosink.worker.engine.types import (
+    Backoff,
+    CycleOutcome,
+    CycleResult,
+    TaskSettings,
+    TaskState,
+    TaskStatus,
+    Unresolved,
+)
 from eosink.worker.logging import get_logger
 
 log = get_logger("eosink.worker.engine.task")

@@ -19,10 +19,9 @@ Both are policy over the cycle's outcomes, with memory across cycles; keeping th
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
-
-import time
 
 from eosink.connectors.api.errors import FatalError, FencedError, RecordError
 from eosink.connectors.api.records import SinkRecord, TopicPartition
