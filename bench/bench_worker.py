@@ -66,7 +66,8 @@ from eosink.connectors.api.records import TopicPartition  # noqa: E402
 from eosink.worker import logging as wlogging  # noqa: E402
 from eosink.worker.engine.decision import ZooKeeperDecisionLog  # noqa: E402
 from eosink.worker.engine.source import KafkaSource  # noqa: E402
-from eosink.worker.engine.task import CycleOutcome, SinkTask, TaskSettings  # noqa: E402
+from eosink.worker.engine.task import SinkTask  # noqa: E402
+from eosink.worker.engine.types import CycleOutcome, TaskSettings  # noqa: E402
 from eosink.worker.engine.zk import ZkSession  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "worker.json"

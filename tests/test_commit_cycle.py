@@ -1,4 +1,4 @@
-"""The failure table of ARCHITECTURE.md, one row per test, on the real engine and memory sinks."""
+"""The failure table of docs/architecture.md, one row per test, on the real engine and memory sinks."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from eosink.connectors import memory
 from eosink.connectors.api.records import TopicPartition
 from tests.fakes import FailingSink, FaultPlan, FlakyDecisionLog, ListSource, fatal, retryable, unknown
 from eosink.worker.engine.decision import MemoryDecisionLog
-from eosink.worker.engine.task import CycleOutcome, SinkTask, TaskSettings, TaskState
+from eosink.worker.engine.task import SinkTask
+from eosink.worker.engine.types import CycleOutcome, TaskSettings, TaskState
 
 TP = TopicPartition("outbox", 0)
 

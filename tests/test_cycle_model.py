@@ -18,7 +18,8 @@ from eosink.connectors import memory
 from eosink.connectors.api.records import TopicPartition
 from tests.fakes import FailingSink, FaultPlan, FlakyDecisionLog, ListSource, fatal, retryable, unknown
 from eosink.worker.engine.decision import MemoryDecisionLog
-from eosink.worker.engine.task import CycleOutcome, SinkTask, TaskSettings, TaskState
+from eosink.worker.engine.task import SinkTask
+from eosink.worker.engine.types import CycleOutcome, TaskSettings, TaskState
 
 TPS = [TopicPartition("outbox", 0), TopicPartition("outbox", 1)]
 SINKS = ("a", "b")

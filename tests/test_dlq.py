@@ -20,7 +20,8 @@ from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifes
 from tests.fakes import ListSource
 from eosink.worker.engine.decision import MemoryDecisionLog
 from eosink.worker.engine.source import Batch, FailedRecord
-from eosink.worker.engine.task import CycleOutcome, SinkTask, TaskSettings, TaskState
+from eosink.worker.engine.task import SinkTask
+from eosink.worker.engine.types import CycleOutcome, TaskSettings, TaskState
 
 TP = TopicPartition("outbox", 0)
 

@@ -29,7 +29,8 @@ from eosink.connectors.api.records import PartitionRange, SinkRecord, TopicParti
 from tests.fakes import ListSource
 from tests.sinkkit import prepare, records
 from eosink.worker.engine.decision import MemoryDecisionLog
-from eosink.worker.engine.task import CycleOutcome, SinkTask, TaskSettings, TaskState
+from eosink.worker.engine.task import SinkTask
+from eosink.worker.engine.types import CycleOutcome, TaskSettings, TaskState
 
 REPO = Path(__file__).resolve().parent.parent
 

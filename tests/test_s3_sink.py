@@ -26,7 +26,8 @@ from tests.fakes import ListSource
 from tests.sinkkit import prepare, records
 from eosink.worker.engine.decision import MemoryDecisionLog
 from eosink.worker.stack import Endpoints
-from eosink.worker.engine.task import CycleOutcome, SinkTask, TaskSettings, TaskState
+from eosink.worker.engine.task import SinkTask
+from eosink.worker.engine.types import CycleOutcome, TaskSettings, TaskState
 
 MakeSink = Callable[..., S3Sink]
 

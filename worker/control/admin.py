@@ -12,7 +12,11 @@
   multi-op that also **bumps each epoch**, so a worker still holding an older grant is fenced at
   its next decision and at the resources; the ``txn`` field is kept, so a decided txn still
   awaiting its commit is still committed by recovery, never aborted by the reset;
-* **transactions** lists prepared txns of a connector with what recovery will do about them.
+* **transactions** lists prepared txns of a connector with what recovery will do about them, by the
+  rule recovery itself applies (:func:`eosink.worker.engine.recovery.classify`).
+
+Every path comes from :mod:`eosink.worker.paths`, and every decision-log entry is read and written
+with the decision log's own codec (:class:`eosink.worker.engine.decision.Entry`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from typing import Any
 
 from eosink.connectors.api.errors import EosinkError
 from eosink.connectors.api.records import TopicPartition
-from eosink.worker.engine.decision import _decode, _encode  # the decision log's own entry format
+from eosink.worker import paths
+from eosink.worker.engine.decision import Entry
+from eosink.worker.engine.recovery import Action, classify
 from eosink.worker.logging import get_logger
 
 log = get_logger("eosink.worker.control.admin")
@@ -32,6 +38,10 @@ log = get_logger("eosink.worker.control.admin")
 #: Task states as Kafka Connect names them; eosink's RECOVERING is a RUNNING task catching up.
 _CONNECT_STATE = {"RECOVERING": "RUNNING", "UNASSIGNED": "UNASSIGNED", "RUNNING": "RUNNING", "FAILED": "FAILED",
                   "STOPPED": "UNASSIGNED", "PAUSED": "PAUSED"}
+
+
+#: What recovery will do, as :meth:`ClusterAdmin.transactions` names it.
+_TXN_STATE = {Action.COMMIT: "DECIDED", Action.ABORT: "FENCED", Action.REPORT: "PREPARED"}
 
 
 class OffsetsConflict(EosinkError):
@@ -43,11 +53,6 @@ class TaskReport:
     id: int
     worker_id: str
     doc: dict[str, Any]
-
-
-def parse_tp(name: str) -> TopicPartition | None:
-    topic, sep, p = name.rpartition("-")
-    return TopicPartition(topic, int(p)) if sep and topic and p.isdigit() else None
 
 
 class ClusterAdmin:
@@ -62,12 +67,12 @@ class ClusterAdmin:
 
         out: dict[str, dict[str, Any]] = {}
         try:
-            names = self.zk.get_children(f"{self.root}/workers")
+            names = self.zk.get_children(paths.workers(self.root))
         except NoNodeError:
             return out
         for w in sorted(names):
             try:
-                out[w] = json.loads(self.zk.get(f"{self.root}/workers/{w}")[0] or b"{}")
+                out[w] = json.loads(self.zk.get(paths.worker(self.root, w))[0] or b"{}")
             except (NoNodeError, ValueError):
                 continue
         return out
@@ -76,8 +81,8 @@ class ClusterAdmin:
         from kazoo.exceptions import NoNodeError
 
         try:
-            children = sorted(self.zk.get_children(f"{self.root}/leader"))
-            return self.zk.get(f"{self.root}/leader/{children[0]}")[0].decode() if children else None
+            children = sorted(self.zk.get_children(paths.leader(self.root)))
+            return self.zk.get(f"{paths.leader(self.root)}/{children[0]}")[0].decode() if children else None
         except (NoNodeError, IndexError):
             return None
 
@@ -85,15 +90,14 @@ class ClusterAdmin:
     def tasks(self, connector: str) -> list[TaskReport]:
         from kazoo.exceptions import NoNodeError
 
-        base = f"{self.root}/status/{connector}"
         try:
-            names = sorted(self.zk.get_children(base))
+            names = sorted(self.zk.get_children(paths.status(self.root, connector)))
         except NoNodeError:
             return []
-        out = []
+        out: list[TaskReport] = []
         for w in names:
             try:
-                doc = json.loads(self.zk.get(f"{base}/{w}")[0])
+                doc = json.loads(self.zk.get(paths.task_status(self.root, connector, w))[0])
             except (NoNodeError, ValueError):
                 continue
             out.append(TaskReport(len(out), w, doc))
@@ -110,7 +114,8 @@ class ClusterAdmin:
         if d.get("state") not in (None, state):
             out["eosink_state"] = d["state"]
         epochs, lag, delivered = d.get("epochs", {}), d.get("lag", {}), d.get("delivered", {})
-        out["partitions"] = [{"partition": p, "epoch": epochs.get(p), "lag": lag.get(p), "delivered": delivered.get(p, 0)}
+        out["partitions"] = [{"partition": p, "epoch": epochs.get(p), "lag": lag.get(p),
+                              "delivered": delivered.get(p, 0)}
                              for p in d.get("partitions", [])]
         if d.get("unresolved"):
             out["unresolved"] = d["unresolved"]
@@ -132,30 +137,28 @@ class ClusterAdmin:
             state = "RUNNING" if tasks else "UNASSIGNED"
         connector_doc: dict[str, Any] = {"state": state, "worker_id": self.leader() or ""}
         if state == "FAILED":
-            traces = [f"task {t.id} on {t.worker_id}: {t.doc.get('trace')}" for t in tasks if t.doc.get("state") == "FAILED"]
+            traces = [f"task {t.id} on {t.worker_id}: {t.doc.get('trace')}"
+                      for t in tasks if t.doc.get("state") == "FAILED"]
             connector_doc["trace"] = "\n".join(traces)
         return {"name": connector, "connector": connector_doc, "tasks": task_docs, "type": "sink"}
 
     # -- offsets (the decision log) ----------------------------------------------------------------------
-    def _partitions_path(self, connector: str) -> str:
-        return f"{self.root}/partitions/{connector}"
-
-    def decisions(self, connector: str) -> dict[TopicPartition, Any]:
+    def decisions(self, connector: str) -> dict[TopicPartition, Entry]:
         """The decision log entries of ``connector``: ``{tp: Entry(owner, epoch, next_offset, txn)}``."""
         from kazoo.exceptions import NoNodeError
 
-        base = self._partitions_path(connector)
+        base = paths.partitions(self.root, connector)
         try:
             names = self.zk.get_children(base)
         except NoNodeError:
             return {}
-        out = {}
+        out: dict[TopicPartition, Entry] = {}
         for name in names:
-            tp = parse_tp(name)
+            tp = paths.parse_partition(name)
             if tp is None:
                 continue
             try:
-                out[tp] = _decode(self.zk.get(f"{base}/{name}")[0])
+                out[tp] = Entry.from_bytes(self.zk.get(f"{base}/{name}")[0])
             except NoNodeError:
                 continue
         return dict(sorted(out.items()))
@@ -175,24 +178,24 @@ class ClusterAdmin:
         bumping every epoch (fences any older owner) and keeping ``txn`` (a decided txn stays decided)."""
         from kazoo.exceptions import NoNodeError
 
-        base = self._partitions_path(connector)
-        self.zk.ensure_path(base)
+        self.zk.ensure_path(paths.partitions(self.root, connector))
         for _ in range(attempts):
             tx = self.zk.transaction()
             for tp, off in offsets.items():
-                path = f"{base}/{tp.topic}-{tp.partition}"
+                path = paths.partition(self.root, connector, tp)
                 try:
                     data, stat = self.zk.get(path)
                 except NoNodeError:
-                    tx.create(path, _encode(None, 1, off, None))
+                    tx.create(path, Entry(None, 1, off, None).to_bytes())
                     continue
-                e = _decode(data)
-                tx.set_data(path, _encode(None, e.epoch + 1, off, e.txn), version=stat.version)
+                e = Entry.from_bytes(data)
+                tx.set_data(path, Entry(None, e.epoch + 1, off, e.txn).to_bytes(), version=stat.version)
             results = tx.commit()
             hard = [r for r in results if isinstance(r, Exception) and type(r).__name__ not in (
                 "BadVersionError", "NodeExistsError", "NoNodeError", "RuntimeInconsistency", "RolledBackError")]
             if hard:
-                raise EosinkError(f"offsets of {connector}: ZooKeeper refused the update: {hard[0]!r}", component="admin")
+                raise EosinkError(f"offsets of {connector}: ZooKeeper refused the update: {hard[0]!r}",
+                                  component="admin")
             if not any(isinstance(r, Exception) for r in results):
                 log.info("offsets_altered", connector=connector,
                          offsets={str(tp): off for tp, off in offsets.items()})
@@ -202,7 +205,8 @@ class ClusterAdmin:
 
     # -- transactions ------------------------------------------------------------------------------
     def transactions(self, connector: str, sinks: list[Any], errors: list[dict[str, str]]) -> list[dict[str, Any]]:
-        """Prepared txns of ``connector`` in its sinks, and what recovery will do about each:
+        """Prepared txns of ``connector`` in its sinks, and what recovery will do about each (``classify``,
+        with each partition held at its entry's epoch, as its owner holds it):
 
         ``DECIDED``   the decision log names it: it will be committed (a commit in progress, or the
                       fatal case - committed by recovery at the next start of the task);
@@ -226,13 +230,9 @@ class ClusterAdmin:
         for txn_id, f in sorted(found.items()):
             m = f["manifest"]
             parts = sorted(m.partitions)
-            if any(decisions.get(tp) is not None and decisions[tp].txn == txn_id for tp in parts):
-                state = "DECIDED"
-            elif any(decisions.get(tp) is not None and decisions[tp].epoch > (m.epoch_of(tp) or 0) for tp in parts):
-                state = "FENCED"
-            else:
-                state = "PREPARED"
-            out.append({"txn": txn_id, "state": state, "partitions": [str(tp) for tp in parts],
+            entries = {tp: decisions[tp] for tp in parts if tp in decisions}
+            verdict = classify(m, entries, held={tp: e.epoch for tp, e in entries.items()})
+            out.append({"txn": txn_id, "state": _TXN_STATE[verdict.action], "partitions": [str(tp) for tp in parts],
                         "epochs": {str(tp): m.epoch_of(tp) for tp in parts}, "sinks": f["sinks"]})
         listed = {t["txn"]: t for t in out}
         for t in self.tasks(connector):

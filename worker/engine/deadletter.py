@@ -62,9 +62,9 @@ from typing import Any
 from eosink.connectors.api.errors import FatalError, RetryableError
 from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
 from eosink.connectors.api.sink import TwoPhaseCommitSink
-from eosink.worker import metrics
-from eosink.worker.logging import get_logger
+from eosink.worker import metrics, paths
 from eosink.worker.engine.source import FailedRecord
+from eosink.worker.logging import get_logger
 
 log = get_logger("eosink.worker.engine.deadletter")
 COMPONENT = "dead-letter"
@@ -105,7 +105,7 @@ class DeadLetterSink(TwoPhaseCommitSink):
         self.replication_factor = replication_factor
         self.timeout_s = timeout_s
         self.kafka = {"bootstrap.servers": bootstrap, **dict(kafka or {})}
-        self.root = f"{session.root}/deadletter/{connector}"
+        self.root = paths.deadletter(session.root, connector)
         self._txn: str | None = None
         self._staged: list[FailedRecord] = []
         self._open: str | None = None  # txn id of the Kafka transaction open on self._producer
