@@ -138,7 +138,7 @@ class CommitCycleMachine(RuleBasedStateMachine):
                 assert not (r.error.partitions & set(old.grants)), "a fenced task kept a fenced partition"
                 for label in SINKS:
                     left = r.txn_id in memory.store(world.stores[label]).prepared
-                    assert not left or r.txn_id in old._abort_pending, "the zombie left its txn prepared and forgot it"
+                    assert not left or r.txn_id in old.fanout.abort_pending, "the zombie left its txn prepared and forgot it"
 
     @rule()
     def cycle(self):

@@ -14,6 +14,7 @@ from eosink.connectors.api.config import MASK, ConfigDef, ConfigKey, Importance,
 from eosink.connectors.api.errors import (
     CommitStateUnknownError,
     ConfigError,
+    CoordinatorUnavailableError,
     EosinkError,
     FatalError,
     FencedError,
@@ -27,7 +28,7 @@ from eosink.connectors.api.sink import BatchingSink, TwoPhaseCommitSink
 
 __all__ = [
     "ID_HEADER", "MASK", "BatchingSink", "CommitStateUnknownError", "ConfigDef", "ConfigError", "ConfigKey",
-    "EosinkError", "FatalError", "FencedError", "Importance", "Outcome", "PartitionRange", "RecordError",
-    "RetryableError", "SinkRecord", "TopicPartition", "TwoPhaseCommitSink", "TxnManifest", "Type", "at_least",
-    "non_empty", "one_of", "outcome_of",
+    "CoordinatorUnavailableError", "EosinkError", "FatalError", "FencedError", "Importance", "Outcome",
+    "PartitionRange", "RecordError", "RetryableError", "SinkRecord", "TopicPartition", "TwoPhaseCommitSink",
+    "TxnManifest", "Type", "at_least", "non_empty", "one_of", "outcome_of",
 ]

@@ -60,6 +60,12 @@ class CommitStateUnknownError(RetryableError):
     """The outcome of the decision write is unknown (connection lost mid-request)."""
 
 
+class CoordinatorUnavailableError(RetryableError):
+    """The coordination service (ZooKeeper) cannot be reached: nothing can be decided until it is.
+
+    Not a sink's failure, so it never counts towards ``errors.retry.timeout``."""
+
+
 class FatalError(EosinkError):
     """An invariant broke or the input cannot be processed: stop and ask an operator."""
 

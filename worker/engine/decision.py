@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
-from eosink.connectors.api.errors import CommitStateUnknownError, FencedError, RetryableError
+from eosink.connectors.api.errors import CommitStateUnknownError, CoordinatorUnavailableError, FencedError
 from eosink.connectors.api.records import TopicPartition
 from eosink.worker import paths
 
@@ -192,7 +192,7 @@ class ZooKeeperDecisionLog:
         from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpiredError
 
         if not self.session.can_decide():
-            raise RetryableError("ZooKeeper connection is suspended; decision not sent", component="decision-log")
+            raise CoordinatorUnavailableError("ZooKeeper connection is suspended; decision not sent", component="decision-log")
         tx = self.zk.transaction()
         order = list(next_offsets)
         for tp in order:

@@ -36,11 +36,19 @@ from dataclasses import dataclass
 
 import structlog
 
-from eosink.connectors.api.errors import CommitStateUnknownError, EosinkError, FatalError, Outcome, outcome_of
+from eosink.connectors.api.errors import (
+    CommitStateUnknownError,
+    EosinkError,
+    FatalError,
+    FencedError,
+    Outcome,
+    outcome_of,
+)
 from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
 from eosink.connectors.api.sink import TwoPhaseCommitSink
 from eosink.worker import metrics
 from eosink.worker.engine.decision import DecisionLog, Grant, PartitionsFenced, Settlement, settle_unknown
+from eosink.worker.engine.fanout import SinkFanout
 from eosink.worker.engine.faults import FAULTS
 from eosink.worker.engine.ranges import check_not_behind, txn_ranges
 from eosink.worker.engine.recovery import recover
@@ -56,6 +64,7 @@ from eosink.worker.engine.types import (
     Unresolved,
 )
 from eosink.worker.logging import get_logger
+from eosink.worker.transforms import TransformChain
 
 log = get_logger("eosink.worker.engine.task")
 
@@ -86,14 +95,14 @@ class SinkTask:
         on_fenced: Callable[[frozenset[TopicPartition]], None] | None = None,
         on_change: Callable[[], None] | None = None,
         dead_letter: TwoPhaseCommitSink | None = None,
+        transforms: TransformChain | None = None,
     ) -> None:
         self.connector = connector
         self.worker_id = worker_id
-        self.sinks = list(sinks)
         #: errors.tolerance=all: the last sink, with ``report(failed)`` (see eosink.worker.engine.deadletter).
         self.dead_letter = dead_letter
-        if dead_letter is not None:
-            self.sinks.append(dead_letter)
+        #: The connector's Single Message Transforms (``transforms=...``); empty: records go as decoded.
+        self.transforms = transforms or None
         self.paused = False
         self.delivered: dict[TopicPartition, int] = {}
         self.lag: dict[TopicPartition, int] = {}
@@ -110,7 +119,6 @@ class SinkTask:
         self.grants: dict[TopicPartition, Grant] = {}
         self._unrecovered: set[TopicPartition] = set()
         self.unresolved: dict[str, Unresolved] = {}
-        self._abort_pending: list[str] = []
         self._generation: str | None = None
         self._counter = 0
         self._backoff = Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s)
@@ -120,20 +128,18 @@ class SinkTask:
         self._resuming_until = 0.0
         self._recovered_at = time.monotonic()
         self.logger = log.bind(connector=connector, worker=worker_id)
+        self.fanout = SinkFanout([*sinks, *([dead_letter] if dead_letter is not None else [])], self.settings,
+                                 self.logger, sleep)
+        self.sinks = self.fanout.sinks
         self._tolerance = Tolerance(connector, self.settings, dead_letter, self.logger)
         self._retrying = RetryTimeout(self.settings.retry_timeout_s)
 
     # ------------------------------------------------------------------ lifecycle and loop
     def open(self) -> None:
-        for sink in self.sinks:
-            sink.open()
+        self.fanout.open()
 
     def close(self) -> None:
-        for sink in self.sinks:
-            try:
-                sink.close()
-            except Exception as exc:  # noqa: BLE001 - closing is best effort
-                self.logger.warning("sink_close_failed", sink=type(sink).__name__, error=str(exc))
+        self.fanout.close()
         self.source.close()
 
     def run(self, stop: threading.Event) -> None:
@@ -184,8 +190,8 @@ class SinkTask:
 
     def shutdown(self) -> None:
         with self._lock:
-            if self._abort_pending:
-                self._retry_aborts()
+            if self.fanout.abort_pending:
+                self.fanout.retry_aborts()
             if self.grants and self.state is not TaskState.FAILED:
                 self.log.release(self.connector, self.grants)
             self.grants.clear()
@@ -264,7 +270,7 @@ class SinkTask:
         with self._lock:
             if self.state is TaskState.FAILED or self.state is TaskState.STOPPED or self.paused:
                 return CycleResult(CycleOutcome.EMPTY)
-            if self._abort_pending and not self._retry_aborts():
+            if self.fanout.abort_pending and not self.fanout.retry_aborts():
                 return CycleResult(CycleOutcome.ABORTED)
             if time.monotonic() - self._recovered_at > self.settings.recovery_interval_s:
                 self._unrecovered |= set(self.grants)
@@ -298,9 +304,9 @@ class SinkTask:
         """Begin, flush and prepare on every sink; any failure aborts them all (nothing is decided yet)."""
         s = self.settings
         batch: Batch | None = None
+        touched: frozenset[TopicPartition] = frozenset()
         try:
-            for sink in self.sinks:
-                sink.begin_transaction(txn_id)
+            self.fanout.begin(txn_id)
             # Right after a handoff, flush what is there at once (in short flushes until the first
             # records arrive, for at most one interval): the new owner resumes promptly.
             resuming = time.monotonic() < self._resuming_until
@@ -315,23 +321,25 @@ class SinkTask:
                     self._fail(batch.error)
                     return CycleResult(CycleOutcome.FATAL, txn_id, error=batch.error)
                 return CycleResult(CycleOutcome.EMPTY, txn_id)
-            ranges, counts = txn_ranges(records, self.grants, failed)
+            ranges, counts = txn_ranges(records, self.grants, failed)  # as read: a router may rename topics
+            touched = frozenset(r.tp for r in ranges)
             check_not_behind(self.connector, ranges, self.grants)
-            for sink in self.sinks:
-                sink.write(records)
+            if self.transforms is not None:
+                records = self._tolerance.transform(self.transforms, records, failed)
+            self.fanout.write(records)
             if failed:
                 self._tolerance.report(failed, txn_id, self.grants)
             manifest = TxnManifest(txn_id, self.connector, ranges)
             t_prepare = time.monotonic()
-            for i, sink in enumerate(self.sinks):
-                sink.pre_commit(manifest)
-                if i == 0:
-                    FAULTS.hit("pre_commit")  # one sink prepared, the others not yet
+            self.fanout.pre_commit(manifest)
             metrics.STEP_SECONDS.labels(self.connector, "prepare").observe(time.monotonic() - t_prepare)
             return _Prepared(batch, records, counts, {r.tp: r.next_offset for r in manifest.ranges})
         except Exception as exc:  # noqa: BLE001 - every failure before the decision aborts
+            if isinstance(exc, FencedError):  # a resource holds a newer epoch: a zombie there, as at the decision
+                return self._fenced(txn_id, PartitionsFenced(self.connector, touched or self.grants, str(exc)),
+                                    refused_by=getattr(exc, "component", None) or "a sink")
             if batch is not None and self._tolerance.rejected(exc, batch):
-                self._abort_sinks(txn_id)
+                self.fanout.abort(txn_id)
                 self._position()  # rewind to the decision: the batch is read again, without the record
                 return CycleResult(CycleOutcome.ABORTED, txn_id, error=exc, redo=True)
             return self._abort_cycle(txn_id, exc)
@@ -368,12 +376,12 @@ class SinkTask:
         """The decision stands: commit every sink, retrying in place; then the cycle is delivered."""
         batch = prepared.batch
         t_commit = time.monotonic()
-        for i, sink in enumerate(self.sinks):
-            if not self._commit_with_retries(sink, txn_id):
-                return CycleResult(CycleOutcome.FATAL, txn_id, len(batch.records), batch.nbytes,
-                                   error=RuntimeError(self.trace))
-            if i == 0:
-                FAULTS.hit("mid_commit")
+        try:
+            self.fanout.commit(txn_id)
+        except FatalError as exc:
+            self._fail(exc)
+            metrics.CYCLES.labels(self.connector, CycleOutcome.FATAL.value).inc()
+            return CycleResult(CycleOutcome.FATAL, txn_id, len(batch.records), batch.nbytes, error=exc)
         FAULTS.hit("after_commit")
         metrics.STEP_SECONDS.labels(self.connector, "commit").observe(time.monotonic() - t_commit)
         self.source.commit_offsets(prepared.next_offsets)
@@ -407,7 +415,7 @@ class SinkTask:
 
     # ------------------------------------------------------------------ when a cycle fails
     def _abort_cycle(self, txn_id: str, exc: BaseException) -> CycleResult:
-        self._abort_sinks(txn_id)
+        self.fanout.abort(txn_id)
         if outcome_of(exc) is Outcome.FATAL:
             self._fail(exc)
             metrics.CYCLES.labels(self.connector, CycleOutcome.FATAL.value).inc()
@@ -422,44 +430,9 @@ class SinkTask:
         """A newer epoch holds some of the txn's partitions: abort it and let those partitions go."""
         metrics.FENCED.labels(self.connector).inc()
         self.logger.bind(txn=txn_id).warning("decision_fenced", partitions=sorted(map(str, exc.partitions)), **why)
-        self._abort_sinks(txn_id)
+        self.fanout.abort(txn_id)
         self._drop(exc.partitions)
         return CycleResult(CycleOutcome.FENCED, txn_id, error=exc)
-
-    def _abort_sinks(self, txn_id: str) -> None:
-        """Abort on every sink (abort is idempotent); remember failures and retry them first."""
-        for sink in self.sinks:
-            try:
-                sink.abort(txn_id)
-            except Exception as exc:  # noqa: BLE001 - retried before the next cycle
-                self.logger.warning("abort_failed", txn=txn_id, sink=type(sink).__name__, error=str(exc))
-                if txn_id not in self._abort_pending:
-                    self._abort_pending.append(txn_id)
-
-    def _retry_aborts(self) -> bool:
-        pending, self._abort_pending = self._abort_pending, []
-        for txn_id in pending:
-            self._abort_sinks(txn_id)
-        return not self._abort_pending
-
-    def _commit_with_retries(self, sink: TwoPhaseCommitSink, txn_id: str) -> bool:
-        backoff = Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s)
-        for attempt in range(self.settings.commit_retries + 1):
-            try:
-                sink.commit(txn_id)
-                return True
-            except Exception as exc:  # noqa: BLE001 - classified
-                if outcome_of(exc) is Outcome.FATAL or attempt == self.settings.commit_retries:
-                    self._fail(FatalError(
-                        f"commit of decided txn {txn_id} failed on {type(sink).__name__}: {exc}; "
-                        "the decision stands: recovery commits it on restart or by the next owner",
-                        component=type(sink).__name__,
-                    ))
-                    metrics.CYCLES.labels(self.connector, CycleOutcome.FATAL.value).inc()
-                    return False
-                self.logger.warning("commit_retry", txn=txn_id, attempt=attempt + 1, error=str(exc))
-                self.sleep(backoff.next())
-        return False
 
     def _fail(self, exc: BaseException) -> None:
         self.state = TaskState.FAILED

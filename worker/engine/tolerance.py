@@ -2,8 +2,9 @@
 
 **errors.tolerance** - which records are bad, and where they go.
 
-A bad record is one the source could not decode, or one a sink rejected (a :class:`RecordError`
-naming its topic, partition and offset). Without ``errors.tolerance=all`` it fails the task at
+A bad record is one the source could not decode, one a transform failed on (stage
+``TRANSFORMATION``), or one a sink rejected (a :class:`RecordError` naming its topic, partition
+and offset). Without ``errors.tolerance=all`` it fails the task at
 that record (the source or the cycle raises it). With it, the record goes to the dead-letter sink
 *in the same cycle* as the good records around it, so it is reported exactly once, and the
 partition moves on. A record a sink rejects part way through a cycle cannot be taken out of that
@@ -23,13 +24,20 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from eosink.connectors.api.errors import FatalError, FencedError, RecordError
+from eosink.connectors.api.errors import (
+    CommitStateUnknownError,
+    CoordinatorUnavailableError,
+    FatalError,
+    FencedError,
+    RecordError,
+)
 from eosink.connectors.api.records import SinkRecord, TopicPartition
 from eosink.connectors.api.sink import TwoPhaseCommitSink
 from eosink.worker import metrics
 from eosink.worker.engine.decision import Grant
 from eosink.worker.engine.source import Batch, FailedRecord
 from eosink.worker.engine.types import CycleOutcome, CycleResult, TaskSettings
+from eosink.worker.transforms import STAGE, TransformChain, TransformError
 
 
 class Tolerance:
@@ -59,6 +67,26 @@ class Tolerance:
             else:
                 failed.append(FailedRecord.of(r, error))
         return records, failed
+
+    def transform(self, chain: TransformChain, records: list[SinkRecord],
+                  failed: list[FailedRecord]) -> list[SinkRecord]:
+        """``records`` through the connector's transforms. A record a stage drops is left out (its
+        offset is still covered by the txn's ranges); one a stage fails on goes to ``failed`` under
+        errors.tolerance=all, and otherwise fails the cycle naming the record and the stage."""
+        tolerate = self.settings.tolerate_errors and self.dead_letter is not None
+        out: list[SinkRecord] = []
+        append, apply = out.append, chain.apply
+        for r in records:
+            try:
+                t = apply(r)
+            except TransformError as exc:
+                if not tolerate:
+                    raise
+                failed.append(FailedRecord.of(r, exc, stage=STAGE))
+                continue
+            if t is not None:
+                append(t)
+        return out
 
     def rejected(self, exc: BaseException, batch: Batch) -> bool:
         """Under errors.tolerance=all: is ``exc`` a sink rejecting one record of this batch? Then it is
@@ -116,7 +144,7 @@ class RetryTimeout:
                 self.failing_since = None
             return None
         exc = result.error
-        if isinstance(exc, FencedError) or getattr(exc, "component", None) in ("decision-log", "zookeeper"):
+        if isinstance(exc, (FencedError, CommitStateUnknownError, CoordinatorUnavailableError)):
             return None
         now = time.monotonic()
         if self.failing_since is None:

@@ -14,7 +14,7 @@ import time
 from kazoo.client import KazooClient, KazooState
 from kazoo.handlers.threading import KazooTimeoutError
 
-from eosink.connectors.api.errors import RetryableError
+from eosink.connectors.api.errors import CoordinatorUnavailableError
 from eosink.worker import paths
 from eosink.worker.logging import get_logger
 
@@ -41,7 +41,7 @@ class ZkSession:
         try:
             self.client.start(timeout=timeout)
         except KazooTimeoutError as exc:
-            raise RetryableError(f"cannot connect to ZooKeeper at {self.client.hosts}", component="zookeeper") from exc
+            raise CoordinatorUnavailableError(f"cannot connect to ZooKeeper at {self.client.hosts}", component="zookeeper") from exc
         self._state = KazooState.CONNECTED
         self.client.ensure_path(self.root)
         return self
@@ -81,5 +81,5 @@ class ZkSession:
         deadline = time.monotonic() + (wait if wait is not None else self.request_timeout)
         while not self.can_decide():
             if time.monotonic() > deadline:
-                raise RetryableError(f"not connected to ZooKeeper ({self._state})", component="zookeeper")
+                raise CoordinatorUnavailableError(f"not connected to ZooKeeper ({self._state}) at {self.client.hosts}", component="zookeeper")
             time.sleep(0.05)

@@ -1,0 +1,102 @@
+"""Every sink of a connector, driven as one: each phase of the cycle called on all of them.
+
+A connector may deliver into several sinks (a fan-out: PostgreSQL and S3 and files) in one
+transaction, plus the dead-letter sink under ``errors.tolerance=all``. The cycle decides once for
+all of them, so each phase must reach every sink: prepare on all before the decision, commit on
+all after it (retried in place: the decision stands whatever a sink says), abort on all on every
+abort path (remembered and retried when a sink cannot abort now). Keeping the loops here leaves
+``task.py`` with the cycle's decisions, not its plumbing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from eosink.connectors.api.errors import FatalError, Outcome, outcome_of
+from eosink.connectors.api.records import SinkRecord, TxnManifest
+from eosink.connectors.api.sink import TwoPhaseCommitSink
+from eosink.worker.engine.faults import FAULTS
+from eosink.worker.engine.types import Backoff, TaskSettings
+
+
+class SinkFanout:
+    """The sinks of one task, in order; the dead-letter sink (if any) is the last."""
+
+    def __init__(self, sinks: Sequence[TwoPhaseCommitSink], settings: TaskSettings, logger: Any,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.sinks = list(sinks)
+        self.settings = settings
+        self.logger = logger
+        self.sleep = sleep
+        #: Txns some sink could not abort yet: aborted again before the next cycle.
+        self.abort_pending: list[str] = []
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.sinks)
+
+    def open(self) -> None:
+        for sink in self.sinks:
+            sink.open()
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as exc:  # noqa: BLE001 - closing is best effort
+                self.logger.warning("sink_close_failed", sink=type(sink).__name__, error=str(exc))
+
+    def begin(self, txn_id: str) -> None:
+        for sink in self.sinks:
+            sink.begin_transaction(txn_id)
+
+    def write(self, records: list[SinkRecord]) -> None:
+        for sink in self.sinks:
+            sink.write(records)
+
+    def pre_commit(self, manifest: TxnManifest) -> None:
+        for i, sink in enumerate(self.sinks):
+            sink.pre_commit(manifest)
+            if i == 0:
+                FAULTS.hit("pre_commit")  # one sink prepared, the others not yet
+
+    def commit(self, txn_id: str) -> None:
+        """Commit on every sink, each retried in place; raises :class:`FatalError` when one gives up."""
+        for i, sink in enumerate(self.sinks):
+            self._commit_with_retries(sink, txn_id)
+            if i == 0:
+                FAULTS.hit("mid_commit")
+
+    def _commit_with_retries(self, sink: TwoPhaseCommitSink, txn_id: str) -> None:
+        backoff = Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s)
+        for attempt in range(self.settings.commit_retries + 1):
+            try:
+                sink.commit(txn_id)
+                return
+            except Exception as exc:  # noqa: BLE001 - classified
+                if outcome_of(exc) is Outcome.FATAL or attempt == self.settings.commit_retries:
+                    raise FatalError(
+                        f"commit of decided txn {txn_id} failed on {type(sink).__name__}: {exc}; "
+                        "the decision stands: recovery commits it on restart or by the next owner",
+                        component=getattr(exc, "component", None) or type(sink).__name__,
+                    ) from exc
+                self.logger.warning("commit_retry", txn=txn_id, attempt=attempt + 1, error=str(exc))
+                self.sleep(backoff.next())
+
+    def abort(self, txn_id: str) -> None:
+        """Abort on every sink (abort is idempotent); remember failures and retry them first."""
+        for sink in self.sinks:
+            try:
+                sink.abort(txn_id)
+            except Exception as exc:  # noqa: BLE001 - retried before the next cycle
+                self.logger.warning("abort_failed", txn=txn_id, sink=type(sink).__name__, error=str(exc))
+                if txn_id not in self.abort_pending:
+                    self.abort_pending.append(txn_id)
+
+    def retry_aborts(self) -> bool:
+        """Abort again what could not be aborted; True when nothing is left pending."""
+        pending, self.abort_pending = self.abort_pending, []
+        for txn_id in pending:
+            self.abort(txn_id)
+        return not self.abort_pending
