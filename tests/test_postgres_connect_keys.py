@@ -20,18 +20,11 @@ from eosink.connectors.api.errors import ConfigError, RecordError, RetryableErro
 from eosink.connectors.api.records import SinkRecord
 from eosink.connectors.postgres.sink import PostgresSink
 from eosink.worker.stack import Endpoints
+from tests import test_postgres_sink as base
 from tests.sinkkit import prepare, records
-from tests.test_postgres_sink import (  # noqa: F401 - fixtures are found by name
-    MakeSink,
-    column_types,
-    count,
-    cycle,
-    make_sink,
-    prepared_gids,
-    rows,
-    table,
-    topic,
-)
+from tests.test_postgres_sink import MakeSink, column_types, count, cycle, prepared_gids, rows
+
+make_sink, topic, table = base.make_sink, base.topic, base.table  # the fixtures, found by name
 
 PG = psycopg.Connection[Any]
 DELETES = {"delete.enabled": "true", "pk.mode": "record_key", "pk.fields": "id"}
