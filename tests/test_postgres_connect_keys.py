@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
 from eosink.connectors.api.errors import ConfigError, RecordError, RetryableError
 from eosink.connectors.api.records import SinkRecord
@@ -248,7 +248,7 @@ def test_connection_attempts_are_counted_before_a_retryable_error(stack: Endpoin
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens there once closed
-    dsn = make_conninfo(**{**conninfo_to_dict(stack.postgres_dsn), "host": "127.0.0.1", "port": str(port)})
+    dsn = make_conninfo(stack.postgres_dsn, host="127.0.0.1", port=str(port))
     sink = PostgresSink(unique, {"connection.url": dsn, "connection.attempts": 2, "connection.backoff.ms": 0})
     with pytest.raises(RetryableError, match=r"2 attempt\(s\), connection.attempts"):
         sink.open()
