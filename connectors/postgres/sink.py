@@ -7,7 +7,8 @@ One cycle, per :class:`~eosink.connectors.api.sink.TwoPhaseCommitSink`::
       tpc_begin('eosink:<txn>')
         upsert eosink_offsets ... WHERE eosink_offsets.epoch <= EXCLUDED.epoch   -- the fence
         INSERT eosink_committed_txns (txn); DELETE eosink_txn_manifest (txn)
-        COPY rows (insert) | COPY staging + INSERT ... ON CONFLICT (upsert)
+        [delete.enabled: COPY staging (tombstones' keys) + DELETE ... USING staging]
+        COPY rows (insert) | COPY staging + INSERT ... ON CONFLICT (upsert) | + UPDATE ... FROM (update)
       tpc_prepare()                                                   -- durable, invisible
     commit(txn)   COMMIT PREPARED 'eosink:<txn>'   (rows, offsets, proof of commit: all at once)
     abort(txn)    ROLLBACK PREPARED 'eosink:<txn>'; DELETE eosink_txn_manifest (txn)
