@@ -11,6 +11,11 @@ of the same shape (9 value columns + the Kafka coordinates, no index):
 (c) at-least-once baseline - a plain consumer building rows from the same dicts and running
     ``executemany(INSERT ...)`` + COMMIT per batch.
 
+(d) deletes (``--deletes N``, default 200,000; 0 skips) - a sink with ``delete.enabled=true``,
+    ``pk.mode=record_key`` loads N keyed rows (a PRIMARY KEY on id) in ``--batch`` cycles, then
+    deletes them all with tombstone cycles: the key COPY into the staging table, ``DELETE ...
+    USING`` and the 2PC, timed per phase. Run once, after the rounds.
+
 Record generation is outside every timing, and the generated records are frozen out of the
 cyclic GC (a worker holds one batch, not a million records). Raw COPY and the sink alternate
 for ``--rounds`` rounds and the best round of each counts (the machine is shared; the spread
@@ -140,6 +145,35 @@ def run_sink(
     return elapsed, cpu
 
 
+def run_deletes(dsn: str, topic: str, connector: str, n: int, batch: int) -> tuple[float, float]:
+    """Seconds to load ``n`` keyed rows and to delete them again with tombstones, full 2PC cycles each."""
+    loads = [SinkRecord(r.topic, r.partition, r.offset, str(r.value["id"]).encode(), r.value, r.raw_value)
+             for r in make_records(topic, n, PARTITIONS)]
+    tombs = [SinkRecord(r.topic, r.partition, r.offset + n, r.key, None, None) for r in loads]
+    sink = PostgresSink(connector, {"connection.url": dsn, "delete.enabled": "true", "pk.mode": "record_key", "pk.fields": "id"})
+    sink.open()
+    seq = 0
+
+    def run(records: Sequence[SinkRecord]) -> float:
+        nonlocal seq
+        t0 = time.perf_counter()
+        for part in batches(records, batch):
+            seq += 1
+            m = TxnManifest.covering(f"{connector}.w.1.{seq}", connector, part, 1)
+            sink.begin_transaction(m.txn_id)
+            sink.write(part)
+            sink.pre_commit(m)
+            sink.commit(m.txn_id)
+        return time.perf_counter() - t0
+
+    try:
+        load_s = run(loads)
+        delete_s = run(tombs)
+    finally:
+        sink.close()
+    return load_s, delete_s
+
+
 def run_executemany(dsn: str, table: str, parts: list[Sequence[SinkRecord]], budget_s: float) -> tuple[int, float, float]:
     """Records, seconds and client CPU of an at-least-once consumer (executemany + COMMIT per batch)."""
     getter = itemgetter(*[f for f, _, _ in FIELDS])
@@ -178,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=50_000, help="records per cycle")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of raw COPY and the sink")
     ap.add_argument("--baseline-budget-s", type=float, default=15.0, help="stop the executemany baseline after this long")
+    ap.add_argument("--deletes", type=int, default=200_000, help="keyed rows loaded then deleted by tombstones (0: skip)")
     ap.add_argument("--keep", action="store_true", help="keep the tables")
     ap.add_argument("--no-gc-freeze", action="store_true", help="leave the generated records to the cyclic GC")
     args = ap.parse_args(argv)
@@ -238,6 +273,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"per cycle of {args.batch:,} records (median of {len(cycles)}): manifest write {med('manifest'):.2f} ms, "
               f"fence + COPY {med('write'):.1f} ms, PREPARE {med('prepare'):.2f} ms, COMMIT PREPARED {med('commit'):.2f} ms; "
               f"2PC overhead (manifest + PREPARE + COMMIT PREPARED) {med('manifest') + med('prepare') + med('commit'):.2f} ms")
+    if args.deletes:
+        load_s, delete_s = run_deletes(dsn, f"bench.pgdel.{tag}", f"bench{tag}d", args.deletes, args.batch)
+        tables.append(f"bench_pgdel_{tag}")
+        print()
+        print(f"delete.enabled, pk.mode=record_key (PRIMARY KEY id), {args.deletes:,} keys in cycles of {args.batch:,}: "
+              f"load {args.deletes / load_s:,.0f} records/s, tombstones {args.deletes / delete_s:,.0f} deletes/s")
     print()
     targets = [
         (">= 100,000 records/s", sink.rate >= 100_000),
@@ -248,11 +289,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if not args.keep:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            for t in set(tables):
+            stages = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE starts_with(tablename, %s)",
+                                                  (f"bench_pgdel_{tag}__eosink_stage_",)).fetchall()]
+            for t in set(tables) | set(stages):
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(t)))
-            for r in range(args.rounds):
+            for c in [f"bench{tag}r{r}" for r in range(args.rounds)] + [f"bench{tag}d"]:
                 for tbl in ("eosink_offsets", "eosink_committed_txns", "eosink_txn_manifest"):
-                    conn.execute(sql.SQL("DELETE FROM {} WHERE connector = %s").format(sql.Identifier(tbl)), (f"bench{tag}r{r}",))
+                    conn.execute(sql.SQL("DELETE FROM {} WHERE connector = %s").format(sql.Identifier(tbl)), (c,))
     return 0
 
 

@@ -85,7 +85,8 @@ def record_error(rec: SinkRecord, message: str, column: str | None = None) -> Re
 
 
 def non_object_error(rec: SinkRecord, value: Any) -> RecordError:
-    what = "null (a tombstone; deletes are not supported)" if value is None else f"a JSON {type(value).__name__}"
+    what = ("null (a tombstone: deletes need delete.enabled=true with pk.mode=record_key)" if value is None
+            else f"a JSON {type(value).__name__}")
     return record_error(rec, f"value is {what}, not a JSON object: the sink maps object fields to columns")
 
 

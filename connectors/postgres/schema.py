@@ -84,7 +84,8 @@ class Table:
     name: str
     columns: dict[str, Column] = field(default_factory=dict)
     unique_sets: set[frozenset[str]] = field(default_factory=set)
-    stage: str | None = None  # upsert staging table name, same schema
+    stage: str | None = None  # staging table name (upsert, update, deletes), same schema
+    relkind: str = "r"  # pg_class.relkind: r (table) or p (partitioned table)
 
     @property
     def ident(self) -> sql.Identifier:
@@ -188,14 +189,19 @@ WHERE i.indrelid = %s AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS 
 GROUP BY i.indexrelid
 """
 _RELATION_SQL = """
-SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+SELECT c.oid, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relname = %s AND n.nspname = COALESCE(%s, current_schema()) AND c.relkind IN ('r', 'p')
 """
 
 
-def _relation_oid(conn: psycopg.Connection[Any], schema: str | None, name: str) -> int | None:
+def _relation(conn: psycopg.Connection[Any], schema: str | None, name: str) -> tuple[int, str] | None:
     row = conn.execute(_RELATION_SQL, (name, schema)).fetchone()
-    return int(row[0]) if row else None
+    return (int(row[0]), str(row[1])) if row else None
+
+
+def _relation_oid(conn: psycopg.Connection[Any], schema: str | None, name: str) -> int | None:
+    rel = _relation(conn, schema, name)
+    return rel[0] if rel else None
 
 
 def _columns(conn: psycopg.Connection[Any], oid: int) -> dict[str, Column]:
@@ -208,13 +214,14 @@ def _columns(conn: psycopg.Connection[Any], oid: int) -> dict[str, Column]:
 def load_table(conn: psycopg.Connection[Any], schema: str | None, name: str, *, with_stage: bool) -> Table | None:
     """The table's columns and unique column sets; None when it does not exist.
 
-    With ``with_stage`` (upsert mode) the staging table is checked too and recreated when its
+    With ``with_stage`` (upsert, update, deletes) the staging table is checked too and recreated when its
     columns no longer cover the target's (someone altered the target by hand).
     """
-    oid = _relation_oid(conn, schema, name)
-    if oid is None:
+    rel = _relation(conn, schema, name)
+    if rel is None:
         return None
-    table = Table(schema, name, _columns(conn, oid))
+    oid = rel[0]
+    table = Table(schema, name, _columns(conn, oid), relkind=rel[1])
     table.unique_sets = {frozenset(r[0]) for r in conn.execute(_UNIQUE_SQL, (oid,)).fetchall()}
     if with_stage:
         table.stage = stage_name(name, schema)

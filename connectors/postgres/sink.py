@@ -7,7 +7,8 @@ One cycle, per :class:`~eosink.connectors.api.sink.TwoPhaseCommitSink`::
       tpc_begin('eosink:<txn>')
         upsert eosink_offsets ... WHERE eosink_offsets.epoch <= EXCLUDED.epoch   -- the fence
         INSERT eosink_committed_txns (txn); DELETE eosink_txn_manifest (txn)
-        COPY rows (insert) | COPY staging + INSERT ... ON CONFLICT (upsert)
+        [delete.enabled: COPY staging (tombstones' keys) + DELETE ... USING staging]
+        COPY rows (insert) | COPY staging + INSERT ... ON CONFLICT (upsert) | + UPDATE ... FROM (update)
       tpc_prepare()                                                   -- durable, invisible
     commit(txn)   COMMIT PREPARED 'eosink:<txn>'   (rows, offsets, proof of commit: all at once)
     abort(txn)    ROLLBACK PREPARED 'eosink:<txn>'; DELETE eosink_txn_manifest (txn)
@@ -39,9 +40,15 @@ on them if you want the database to refuse a duplicate outright (it costs COPY s
 (quoted, case kept). ``auto.create``/``auto.evolve`` create tables and add columns from the
 JSON types (bool->boolean, int->bigint, float->double precision, str->text, object/array->jsonb;
 a field null in every record of the batch is not created). A field missing from a record gets the
-column's DEFAULT on insert and keeps the old value on upsert. Tombstones (null values) are
-refused: deletes are not supported. ``table.name.format`` replaces ``${topic}`` with the topic
-name with ``.`` and ``-`` turned into ``_``; a ``.`` in the result separates a schema.
+column's DEFAULT on insert and keeps the old value on upsert and update. ``table.name.format``
+replaces ``${topic}`` with the topic name with ``.`` and ``-`` turned into ``_``; a ``.`` in the
+result separates a schema.
+
+**Kafka Connect JDBC sink keys** (:mod:`eosink.connectors.postgres.config`): ``insert.mode``
+insert/upsert/update, ``pk.mode`` none/kafka/record_key/record_value, ``delete.enabled``
+(tombstones delete by the record key: :mod:`eosink.connectors.postgres.dml`), field filters; the
+JDBC keys eosink does not do are refused, never ignored. Everything a cycle writes - COPYs,
+upserts, updates, deletes - is in its one prepared transaction.
 
 DDL runs in its own short transaction before the two-phase one, serialised across workers by an
 advisory lock. Statements wait at most ``lock.timeout.ms`` for locks: a prepared transaction left
@@ -64,11 +71,12 @@ from psycopg import Xid
 from psycopg.conninfo import conninfo_to_dict
 
 from eosink.connectors.postgres import book as book
+from eosink.connectors.postgres import config as pgconf
 from eosink.connectors.postgres import copy as pgc
+from eosink.connectors.postgres import dml as pgdml
 from eosink.connectors.postgres import schema as pgs
 from eosink.connectors.postgres.book import GID_PREFIX
 from eosink.connectors.postgres.tables import Groups, TableCache, TableKey
-from eosink.connectors.api.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
 from eosink.connectors.api.errors import ConfigError, EosinkError, FatalError, FencedError, RecordError, RetryableError
 from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
 from eosink.connectors.api.sink import BatchingSink
@@ -96,49 +104,19 @@ class PostgresSink(BatchingSink):
     """Exactly-once delivery into PostgreSQL tables via ``PREPARE TRANSACTION``."""
 
     ALIAS = "postgres"
-    CONFIG = (
-        ConfigDef()
-        .define("connection.url", Type.STRING, doc="PostgreSQL DSN, e.g. postgresql://host:5432/db (libpq URI or key=value).",
-                importance=Importance.HIGH, validator=non_empty)
-        .define("connection.user", Type.STRING, None, "User name; overrides the DSN's.", Importance.HIGH)
-        .define("connection.password", Type.PASSWORD, None, "Password; overrides the DSN's.", Importance.HIGH)
-        .define("table.name.format", Type.STRING, "${topic}",
-                "Target table; ${topic} is the topic with '.' and '-' replaced by '_'. A '.' in the result separates a schema.",
-                validator=non_empty)
-        .define("insert.mode", Type.STRING, "insert", "insert: COPY every record as a new row. upsert: one row per primary key, "
-                "the record with the highest offset wins (needs pk.mode and a unique index on pk.fields).",
-                Importance.HIGH, one_of("insert", "upsert"))
-        .define("pk.mode", Type.STRING, "none", "none | record_key (the Kafka key: a JSON object's fields, else the key "
-                "itself in column pk.fields[0] or __key) | record_value (pk.fields of the value).",
-                Importance.HIGH, one_of("none", "record_key", "record_value"))
-        .define("pk.fields", Type.LIST, [], "Primary key columns (comma-separated). Required with pk.mode=record_value.")
-        .define("auto.create", Type.BOOLEAN, True, "Create a missing table from the batch's JSON types (with PRIMARY KEY pk.fields).")
-        .define("auto.evolve", Type.BOOLEAN, True, "Add a column for a new non-null field (ALTER TABLE ... ADD COLUMN, nullable).")
-        .define("fields.kafka", Type.BOOLEAN, True, "Add columns __topic text, __partition int, __offset bigint to every row "
-                "so it can be traced to (and deduplicated by) its outbox record.")
-        .define("lock.timeout.ms", Type.LONG, 10_000, "Longest wait for a lock before the cycle fails as retryable "
-                "(PostgreSQL lock_timeout); 0 waits forever.", validator=at_least(0))
-    )
+    CONFIG = pgconf.CONFIG  # Kafka Connect JDBC sink keys: see eosink.connectors.postgres.config
 
     def __init__(self, connector: str, config: Mapping[str, Any]) -> None:
         super().__init__(connector, config)
-        c = self.config
-        src = f"connector '{connector}'"
-        self.upsert: bool = c["insert.mode"] == "upsert"
-        self.pk_mode: str = c["pk.mode"]
-        self.pk_fields: list[str] = list(c["pk.fields"])
-        self.kafka: bool = bool(c["fields.kafka"])
-        if self.upsert and self.pk_mode == "none":
-            raise ConfigError("insert.mode=upsert needs a primary key: set pk.mode to record_key or record_value",
-                              key="pk.mode", source=src)
-        if self.pk_mode == "record_value" and not self.pk_fields:
-            raise ConfigError("pk.mode=record_value needs pk.fields (the value fields forming the key)", key="pk.fields", source=src)
+        self.settings = pgconf.settings(connector, config, self.config)
+        self.mode: str = self.settings.insert_mode
+        self.kafka: bool = self.settings.kafka
         self._gid_check(f"{connector}.w.0.0")
         self._ac: psycopg.Connection[Any] | None = None  # autocommit: manifests, DDL, COMMIT/ROLLBACK PREPARED, recovery
         self._tx: psycopg.Connection[Any] | None = None  # the two-phase transactions only
         self._tx_state = "idle"  # idle | active | prepare-sent
         self._bootstrapped = False
-        self._tables = TableCache(connector, self.config, self._with_ac)
+        self._tables = TableCache(connector, self.config, self.settings, self._with_ac)
         #: Tells this sink's prepared manifests from a sibling sink's (see :meth:`_sibling`).
         self._fingerprint = hashlib.sha1(
             json.dumps({k: v for k, v in sorted(self.config.items()) if k != "connection.password"}, default=str).encode()
@@ -174,13 +152,25 @@ class PostgresSink(BatchingSink):
             kwargs["user"] = self.config["connection.user"]
         if self.config["connection.password"]:
             kwargs["password"] = self.config["connection.password"]
-        try:
-            conn = psycopg.connect(url, **kwargs)
-            conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{int(self.config['lock.timeout.ms'])}ms",))
-            if not autocommit:
-                conn.commit()
-        except psycopg.OperationalError as exc:
-            raise RetryableError(f"cannot connect to PostgreSQL: {exc}".strip(), component=COMPONENT) from exc
+        attempts, backoff = int(self.config["connection.attempts"]), self.config["connection.backoff.ms"] / 1000
+        tz = self.config["db.timezone"]
+        for attempt in range(1, attempts + 1):
+            try:
+                conn = psycopg.connect(url, **kwargs)
+                conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{int(self.config['lock.timeout.ms'])}ms",))
+                if tz:
+                    conn.execute("SELECT set_config('TimeZone', %s, false)", (tz,))
+                if not autocommit:
+                    conn.commit()
+                break
+            except psycopg.OperationalError as exc:
+                if attempt == attempts:
+                    raise RetryableError(f"cannot connect to PostgreSQL ({attempt} attempt(s), connection.attempts): {exc}".strip(),
+                                         component=COMPONENT) from exc
+                time.sleep(backoff)
+            except psycopg.DataError as exc:  # set_config: a zone the server does not know
+                raise ConfigError(f"PostgreSQL refuses time zone {tz!r}: {exc}", key="db.timezone",
+                                  source=f"connector '{self.connector}'") from None
         pgc.register_dumpers(conn)
         return conn
 
@@ -408,9 +398,16 @@ class PostgresSink(BatchingSink):
         return exc
 
     def _write(self, cur: psycopg.Cursor[Any], key: TableKey, recs: list[SinkRecord], values: list[Any], evolve: bool) -> None:
+        """Deletes first (the keys with a tombstone), then the records that outlive them."""
         table = self._tables[key]
-        if self.upsert:
-            pgc.write_upsert(cur, table, recs, values, self.kafka, evolve, self._tables.pk(recs))
+        pk = self._tables.pk(recs) if self.settings.pk_mode != "none" else []
+        if self._tables.tombstones(recs):
+            del_r, del_k, recs, values = pgdml.split_tombstones(recs, values, pk)
+            pgdml.write_delete(cur, table, del_r, del_k, pk)
+        if self.mode == "upsert":
+            pgc.write_upsert(cur, table, recs, values, self.kafka, evolve, pk)
+        elif self.mode == "update":
+            pgdml.write_update(cur, table, recs, values, self.kafka, evolve, pk)
         else:
             pgc.write_insert(cur, table, recs, values, self.kafka, evolve)
 

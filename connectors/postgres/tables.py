@@ -1,7 +1,9 @@
 """Which table a record goes to, and making sure it can take it (:mod:`eosink.connectors.postgres.sink`).
 
 :class:`TableCache` maps topics to tables, builds the values rows are made from (the record's
-JSON object, plus the Kafka key's fields with ``pk.mode=record_key``), and runs auto.create /
+JSON object minus the fields a field filter drops, plus the Kafka key's fields with
+``pk.mode=record_key`` or the Kafka coordinates with ``pk.mode=kafka``; a tombstone under
+``delete.enabled`` becomes its key's fields alone), and runs auto.create /
 auto.evolve before the two-phase transaction begins. Table metadata is cached per sink
 instance; the sink asks for a re-read (:meth:`TableCache.changed`, :meth:`TableCache.clear`)
 when PostgreSQL refuses something the cache said would fit.
@@ -19,6 +21,7 @@ import psycopg
 
 from eosink.connectors.postgres import copy as pgc
 from eosink.connectors.postgres import schema as pgs
+from eosink.connectors.postgres.config import Settings
 from eosink.connectors.api.errors import ConfigError, RetryableError
 from eosink.connectors.api.records import SinkRecord
 
@@ -38,16 +41,21 @@ def display(key: TableKey) -> str:
 class TableCache:
     """Table names, metadata and DDL for one sink instance."""
 
-    def __init__(self, connector: str, config: Mapping[str, Any], run: Runner) -> None:
+    def __init__(self, connector: str, config: Mapping[str, Any], settings: Settings, run: Runner) -> None:
         self.connector = connector
         self.source = f"connector '{connector}'"
         self.name_format: str = config["table.name.format"]
         self.auto_create = bool(config["auto.create"])
         self.auto_evolve = bool(config["auto.evolve"])
-        self.kafka = bool(config["fields.kafka"])
-        self.upsert = config["insert.mode"] == "upsert"
-        self.pk_mode: str = config["pk.mode"]
-        self.pk_fields: list[str] = list(config["pk.fields"])
+        self.kafka = settings.kafka
+        self.upsert = settings.insert_mode == "upsert"
+        self.staged = settings.staged
+        self.pk_mode: str = settings.pk_mode
+        self.pk_fields: list[str] = list(settings.pk_fields)
+        self.deletes = settings.delete_enabled
+        self.filter = settings.filter
+        self.relkinds = settings.relkinds
+        self._kept: dict[str, frozenset[str]] = {}  # per topic: the field names the filter keeps or drops
         self._run = run
         self._tables: dict[TableKey, pgs.Table] = {}
         self._names: dict[str, TableKey] = {}
@@ -84,13 +92,38 @@ class TableCache:
             for r in records:
                 by_table.setdefault(self.key_for(r.topic), []).append(r)
         out: Groups = {}
+        plain = self.filter is None and self.pk_mode not in ("record_key", "kafka")
         for key, recs in by_table.items():
-            if self.pk_mode == "record_key":
-                values = [self._with_key(r) for r in recs]
-            else:
-                values = list(map(attrgetter("value"), recs))
+            values = list(map(attrgetter("value"), recs)) if plain else [self._value(r) for r in recs]
             out[key] = (recs, values)
         return out
+
+    def _value(self, rec: SinkRecord) -> Any:
+        """The fields a row is built from: the filtered value plus the key's fields or coordinates."""
+        v = rec.value
+        if v is None and self.deletes:
+            return self.key_fields(rec)  # a tombstone: the key names the row to delete
+        if type(v) is not dict:
+            return v  # refused later, naming the record
+        if self.filter is not None:
+            v = self._filtered(rec.topic, v)
+        if self.pk_mode == "record_key":
+            return {**v, **self.key_fields(rec)}
+        if self.pk_mode == "kafka":
+            t, p, o = self.pk_fields
+            return {**v, t: rec.topic, p: rec.partition, o: rec.offset}
+        return v
+
+    def _filtered(self, topic: str, v: dict[str, Any]) -> dict[str, Any]:
+        assert self.filter is not None
+        names = self._kept.get(topic)
+        if names is None:
+            keys = frozenset(self.pk_fields)  # key columns are never filtered out
+            names = self.filter.names(topic) | keys if self.filter.include else self.filter.names(topic) - keys
+            self._kept[topic] = names
+        if self.filter.include:
+            return {k: x for k, x in v.items() if k in names}
+        return {k: x for k, x in v.items() if k not in names}
 
     def key_fields(self, rec: SinkRecord) -> dict[str, Any]:
         """pk.mode=record_key: the columns the Kafka key fills.
@@ -120,25 +153,22 @@ class TableCache:
                                         f"{len(self.pk_fields)} fields; a non-object key fills one column")
         return {(self.pk_fields[0] if self.pk_fields else "__key"): obj}
 
-    def _with_key(self, rec: SinkRecord) -> Any:
-        """The record's value with the key's fields added (they win over same-named value fields)."""
-        v = rec.value
-        if type(v) is not dict:
-            return v  # refused later, naming the record
-        return {**v, **self.key_fields(rec)}
-
     def pk(self, recs: Sequence[SinkRecord]) -> list[str]:
         """The primary key columns: pk.fields, or for record_key the fields of the first key."""
         if self.pk_fields or self.pk_mode != "record_key" or not recs:
             return self.pk_fields
         return list(self.key_fields(recs[0]))
 
+    def tombstones(self, recs: Sequence[SinkRecord]) -> bool:
+        """Does the batch hold records that delete (a null value with delete.enabled)?"""
+        return self.deletes and any(r.value is None for r in recs)
+
     # -- metadata and DDL (autocommit, before the two-phase transaction) -------------------------
     def ensure(self, key: TableKey, recs: list[SinkRecord], values: list[Any]) -> None:
         """The table exists, has the Kafka columns and the first record's fields (the common case:
         the other records have the same ones; a later new field is caught while copying)."""
         if key not in self._tables:
-            table = self._run(lambda c: pgs.load_table(c, key[0], key[1], with_stage=self.upsert), "reading the table")
+            table = self._run(lambda c: pgs.load_table(c, key[0], key[1], with_stage=self.staged), "reading the table")
             if table is None:
                 table = self._create(key, recs, values)
             self._tables[key] = self._checked(table, recs)
@@ -149,6 +179,9 @@ class TableCache:
 
     def _checked(self, table: pgs.Table, recs: Sequence[SinkRecord]) -> pgs.Table:
         """Add missing Kafka columns (auto.evolve); an upsert needs a unique index on the key."""
+        if table.relkind not in self.relkinds:
+            kind = {"r": "TABLE", "p": "PARTITIONED TABLE"}.get(table.relkind, table.relkind)
+            raise ConfigError(f"{table.display} is a {kind}, which table.types does not list", key="table.types", source=self.source)
         missing = [c for c in pgs.KAFKA_COLUMN_NAMES if self.kafka and c not in table.columns]
         if missing:
             if not self.auto_evolve:
@@ -176,7 +209,7 @@ class TableCache:
         return changed
 
     def _reload(self, key: TableKey) -> pgs.Table:
-        table: pgs.Table | None = self._run(lambda c: pgs.load_table(c, key[0], key[1], with_stage=self.upsert), "reading the table")
+        table: pgs.Table | None = self._run(lambda c: pgs.load_table(c, key[0], key[1], with_stage=self.staged), "reading the table")
         if table is None:
             raise RetryableError(f"table {display(key)} disappeared while the sink was using it", component=pgc.COMPONENT)
         return table
