@@ -14,6 +14,7 @@ table this serves is in ``docs/architecture.md``.
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -112,6 +113,7 @@ def recover(
             unresolved.pop(txn_id, None)
         else:
             partitions = frozenset(m.partitions & targets if m.ranges else targets)
-            unresolved[txn_id] = Unresolved(txn_id, partitions, verdict.reason)
+            known = unresolved.get(txn_id)  # re-recovery reports it again: its age goes on
+            unresolved[txn_id] = Unresolved(txn_id, partitions, verdict.reason, known.since if known else time.monotonic())
             logger.error("prepared_txn_unresolved", txn=txn_id, partitions=sorted(map(str, partitions)),
                          reason=verdict.reason)

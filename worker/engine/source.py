@@ -18,7 +18,6 @@ from typing import Any, Protocol
 from eosink.connectors.api.errors import FatalError, RecordError, RetryableError
 from eosink.connectors.api.records import SinkRecord, TopicPartition
 
-
 #: A cycle carries at most this many failed records (they are listed in one ZooKeeper znode).
 MAX_FAILED_PER_BATCH = 1000
 
@@ -42,7 +41,7 @@ class FailedRecord:
     stage: str = "VALUE_CONVERTER"
 
     @classmethod
-    def of(cls, record: SinkRecord, error: RecordError, stage: str = "TASK_PUT") -> "FailedRecord":
+    def of(cls, record: SinkRecord, error: RecordError, stage: str = "TASK_PUT") -> FailedRecord:
         return cls(record.topic, record.partition, record.offset, record.key, record.raw_value, record.headers,
                    record.timestamp_ms, error, stage)
 

@@ -5,20 +5,10 @@ the task's states and settings in ``types.py`` (:class:`~eosink.worker.engine.ty
 lists the transitions), the decision log in ``decision.py``, recovery in ``recovery.py`` and
 bad records under ``errors.tolerance`` in ``tolerance.py``.
 
-Outcomes of a cycle follow the failure table of ``docs/architecture.md``:
-
-=================================  ==========  =============================================
-fails at                           outcome     what happens
-=================================  ==========  =============================================
-begin / flush / prepare            ABORTED     abort every sink, rewind to the decision, retry
-decide: a compare-and-set failed   FENCED      abort, drop those partitions
-decide: refused before sending     ABORTED     abort; retry when connected
-decide: outcome unknown            (resolved)  read the log once reconnected: txn named ->
-                                               commit, else abort; ZooKeeper session lost ->
-                                               leave it prepared for the next owner's recovery
-commit                             FATAL       after retries in place; the decision stands and
-                                               recovery (restart or next owner) commits it
-=================================  ==========  =============================================
+Outcomes of a cycle follow the failure table of ``docs/architecture.md``: a failure before the
+decision aborts every sink (ABORTED, retried); a refused compare-and-set, at the decision or at a
+sink's resource, is FENCED (abort, drop those partitions); an unknown decision outcome is settled
+by reading the log once reconnected; a commit that keeps failing is FATAL, and the decision stands.
 
 Recovery runs on every newly acquired partition after the epoch bump and before consuming:
 a prepared txn named in the decision log is committed, one that a newer epoch has fenced is
@@ -32,7 +22,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -44,9 +34,10 @@ from eosink.connectors.api.errors import (
     Outcome,
     outcome_of,
 )
-from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
+from eosink.connectors.api.records import TopicPartition, TxnManifest
 from eosink.connectors.api.sink import TwoPhaseCommitSink
 from eosink.worker import metrics
+from eosink.worker.engine import snapshot
 from eosink.worker.engine.decision import DecisionLog, Grant, PartitionsFenced, Settlement, settle_unknown
 from eosink.worker.engine.fanout import SinkFanout
 from eosink.worker.engine.faults import FAULTS
@@ -58,6 +49,7 @@ from eosink.worker.engine.types import (
     Backoff,
     CycleOutcome,
     CycleResult,
+    Prepared,
     TaskSettings,
     TaskState,
     TaskStatus,
@@ -67,16 +59,6 @@ from eosink.worker.logging import get_logger
 from eosink.worker.transforms import TransformChain
 
 log = get_logger("eosink.worker.engine.task")
-
-
-@dataclass
-class _Prepared:
-    """A cycle's batch once every sink has prepared it: what the decision and the commit need."""
-
-    batch: Batch
-    records: list[SinkRecord]  # the good ones, written to the sinks
-    counts: dict[TopicPartition, int]  # good records per partition
-    next_offsets: dict[TopicPartition, int]  # what the decision records
 
 
 class SinkTask:
@@ -106,6 +88,8 @@ class SinkTask:
         self.paused = False
         self.delivered: dict[TopicPartition, int] = {}
         self.lag: dict[TopicPartition, int] = {}
+        #: When a cycle last committed each held partition (monotonic): the freshness metric.
+        self.last_commit: dict[TopicPartition, float] = {}
         self.source = source
         self.log = decision_log
         self.settings = settings or TaskSettings()
@@ -137,8 +121,10 @@ class SinkTask:
     # ------------------------------------------------------------------ lifecycle and loop
     def open(self) -> None:
         self.fanout.open()
+        metrics.track_task(self)
 
     def close(self) -> None:
+        metrics.untrack_task(self)
         self.fanout.close()
         self.source.close()
 
@@ -209,6 +195,7 @@ class SinkTask:
                     self.grants.pop(tp)
                     self._unrecovered.discard(tp)
                     self.delivered.pop(tp, None)
+                    self.last_commit.pop(tp, None)
                 self._tolerance.keep_only(wanted)
             new = wanted - set(self.grants)
             if new:
@@ -216,6 +203,7 @@ class SinkTask:
                 self._generation = None  # a new generation for txns after every acquisition
                 self._resuming_until = time.monotonic() + self.settings.commit_interval_s
                 self._unrecovered |= new
+                self.last_commit.update(dict.fromkeys(new, time.monotonic()))  # freshness counts from the handoff
                 self.logger.info("partitions_acquired", partitions=sorted(str(tp) for tp in new),
                                  epochs={str(tp): self.grants[tp].epoch for tp in new})
             if self.state in (TaskState.UNASSIGNED, TaskState.RUNNING, TaskState.RECOVERING):
@@ -249,7 +237,6 @@ class SinkTask:
             return False
         self._unrecovered -= targets
         self._recovered_at = time.monotonic()
-        metrics.UNRESOLVED.labels(self.connector).set(len(self.unresolved))
         if not self._unrecovered and self.state is TaskState.RECOVERING:
             self.state = TaskState.RUNNING if self.grants else TaskState.UNASSIGNED
         return True
@@ -300,7 +287,7 @@ class SinkTask:
         FAULTS.hit("after_decide")
         return self._commit(txn_id, prepared, started)
 
-    def _prepare(self, txn_id: str) -> _Prepared | CycleResult:
+    def _prepare(self, txn_id: str) -> Prepared | CycleResult:
         """Begin, flush and prepare on every sink; any failure aborts them all (nothing is decided yet)."""
         s = self.settings
         batch: Batch | None = None
@@ -312,6 +299,7 @@ class SinkTask:
             resuming = time.monotonic() < self._resuming_until
             flush_s = min(s.commit_interval_s, 0.1) if resuming else s.commit_interval_s
             batch = self.source.poll_batch(s.max_records, s.max_bytes, flush_s)
+            metrics.CONSUMED.labels(self.connector).inc(len(batch.records) + len(batch.failed))
             if batch.records:
                 self._resuming_until = 0.0
             FAULTS.hit("flush")
@@ -333,7 +321,7 @@ class SinkTask:
             t_prepare = time.monotonic()
             self.fanout.pre_commit(manifest)
             metrics.STEP_SECONDS.labels(self.connector, "prepare").observe(time.monotonic() - t_prepare)
-            return _Prepared(batch, records, counts, {r.tp: r.next_offset for r in manifest.ranges})
+            return Prepared(batch, records, counts, {r.tp: r.next_offset for r in manifest.ranges})
         except Exception as exc:  # noqa: BLE001 - every failure before the decision aborts
             if isinstance(exc, FencedError):  # a resource holds a newer epoch: a zombie there, as at the decision
                 return self._fenced(txn_id, PartitionsFenced(self.connector, touched or self.grants, str(exc)),
@@ -372,7 +360,7 @@ class SinkTask:
         self._tolerance.decided(next_offsets)
         return None
 
-    def _commit(self, txn_id: str, prepared: _Prepared, started: float) -> CycleResult:
+    def _commit(self, txn_id: str, prepared: Prepared, started: float) -> CycleResult:
         """The decision stands: commit every sink, retrying in place; then the cycle is delivered."""
         batch = prepared.batch
         t_commit = time.monotonic()
@@ -387,6 +375,7 @@ class SinkTask:
         self.source.commit_offsets(prepared.next_offsets)
         for tp, c in prepared.counts.items():
             self.delivered[tp] = self.delivered.get(tp, 0) + c
+        self.last_commit.update(dict.fromkeys(prepared.next_offsets, time.monotonic()))
         n, nbytes = len(prepared.records), batch.nbytes
         metrics.CYCLES.labels(self.connector, CycleOutcome.SUCCEEDED.value).inc()
         metrics.RECORDS.labels(self.connector).inc(n)
@@ -410,8 +399,6 @@ class SinkTask:
             return
         self._lag_at = now
         self.lag = self.source.lag(fresh=fresh)
-        for tp, lag in self.lag.items():
-            metrics.LAG.labels(self.connector, tp.topic, str(tp.partition)).set(lag)
 
     # ------------------------------------------------------------------ when a cycle fails
     def _abort_cycle(self, txn_id: str, exc: BaseException) -> CycleResult:
@@ -440,7 +427,6 @@ class SinkTask:
             self.trace = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         else:
             self.trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        metrics.TASK_FAILED.labels(self.connector).set(1)
         if self.on_change is not None:
             self.on_change()
         self.logger.error("task_failed", error=str(exc), error_class=type(exc).__name__)
@@ -460,11 +446,9 @@ class SinkTask:
         return f"{self.connector}.{self.worker_id}.{self._generation}.{self._counter}"
 
     def status(self) -> TaskStatus:
-        """A snapshot, without the cycle lock: the worker's loop calls this every round and must
-        not wait for the cycle in flight (up to ``commit.interval.ms``) to end. ``list(dict)`` and
-        ``dict.copy()`` are atomic under the GIL, so the copies are consistent per field."""
-        grants = list(self.grants)
-        delivered, lag = self.delivered.copy(), self.lag.copy()
-        return TaskStatus(self.state, sorted(str(tp) for tp in grants), self.trace, list(self.unresolved.values()),
-                          {str(tp): delivered.get(tp, 0) for tp in grants},
-                          {str(tp): n for tp, n in lag.items() if tp in grants}, self.paused)
+        """A snapshot for ``/status``, taken without the cycle lock (see :func:`snapshot.status_of`)."""
+        return snapshot.status_of(self)
+
+    def gauges(self) -> dict[str, Any]:
+        """The live state the metrics read at scrape time (see :func:`snapshot.gauges_of`)."""
+        return snapshot.gauges_of(self)

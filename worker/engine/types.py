@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import enum
 import random
+import time
 from dataclasses import dataclass, field
 
-from eosink.connectors.api.records import TopicPartition
+from eosink.connectors.api.records import SinkRecord, TopicPartition
+from eosink.worker.engine.source import Batch
 
 
 class TaskState(str, enum.Enum):
@@ -106,6 +108,8 @@ class Unresolved:
     txn_id: str
     partitions: frozenset[TopicPartition]
     reason: str
+    #: When recovery first reported it (monotonic): its age is what an operator is alerted on.
+    since: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -133,3 +137,13 @@ class Backoff:
 
     def reset(self) -> None:
         self.attempt = 0
+
+
+@dataclass
+class Prepared:
+    """A cycle's batch once every sink has prepared it: what the decision and the commit need."""
+
+    batch: Batch
+    records: list[SinkRecord]  # the good ones, written to the sinks
+    counts: dict[TopicPartition, int]  # good records per partition
+    next_offsets: dict[TopicPartition, int]  # what the decision records

@@ -37,7 +37,7 @@ class ZkSession:
         self._stopping = False
         self.client.add_listener(self._on_state)
 
-    def start(self, timeout: float = 30.0) -> "ZkSession":
+    def start(self, timeout: float = 30.0) -> ZkSession:
         try:
             self.client.start(timeout=timeout)
         except KazooTimeoutError as exc:
