@@ -16,7 +16,7 @@ from typing import Any
 from eosink.connectors.api.config import MASK, ConfigDef, ConfigKey, Importance, Type
 from eosink.connectors.api.errors import ConfigError
 from eosink.connectors.api.sink import TwoPhaseCommitSink
-from eosink.worker.control.config import _NAME, _REF, ALIASES, COMMON, FANOUT, load_class, parse_connector
+from eosink.worker.control.config import _REF, ALIASES, COMMON, CONNECTOR_NAME, FANOUT, load_class, parse_connector
 
 VERSION = "0.1.0"
 _ERROR_KEYS = frozenset(k for k in COMMON.keys if k.startswith("errors."))
@@ -118,7 +118,7 @@ def validate(plugin: Plugin, config: Mapping[str, Any]) -> dict[str, Any]:
             if not (isinstance(value, str) and _REF.search(value)):
                 try:
                     ConfigDef._parse_one(key, sub)
-                    if key is NAME_KEY and not _NAME.match(str(value or "")):
+                    if key is NAME_KEY and not CONNECTOR_NAME.match(str(value or "")):
                         errors.append("must be 1-100 letters, digits, '_' or '-'")
                 except ConfigError as exc:
                     errors.append(exc.message.split(": ", 1)[-1])
