@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 
 from eosink.connectors.api.errors import EosinkError
+from eosink.worker import paths
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo-orders.json"
 TOPIC = "eosink-demo-orders"
@@ -86,7 +87,8 @@ def _reset(ep, home: Path, partitions: int) -> None:
             time.sleep(0.3)
     zk = KazooClient(hosts=ep.zookeeper_hosts)
     zk.start(timeout=20)
-    for path in (f"/eosink/default/partitions/{CONNECTOR}", f"/eosink/default/connectors/{CONNECTOR}"):
+    root = paths.cluster_root("default")
+    for path in (paths.partitions(root, CONNECTOR), paths.connector(root, CONNECTOR)):
         if zk.exists(path):
             zk.delete(path, recursive=True)
     zk.stop()
@@ -142,9 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     _reset(ep, home, args.partitions)
 
     _step(f"publishing {args.orders} orders from a Spark job (one Kafka transaction per task)")
-    from pyspark.sql import SparkSession
-
     from eosink.spark_jobs.jobs import orders
+    from pyspark.sql import SparkSession
 
     spark = (SparkSession.builder.master("local[2]").appName("eosink-demo")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4").getOrCreate())
@@ -171,10 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         _wait_ready(url, worker, log_path)
         shown = CONFIG.relative_to(Path.cwd()) if CONFIG.is_relative_to(Path.cwd()) else CONFIG
         _step(f"registering {shown} through the REST API: eosink connectors --url {url} apply {shown}")
-        from eosink.worker.clients.cli import main as cli_main
-
-        if cli_main(["connectors", "--url", url, "apply", str(CONFIG)]) != 0:
-            raise EosinkError("registering the demo connector failed", component="demo")
+        # A process of its own, as a user would run it (and the demo does not import the CLI that imports it).
+        applied = subprocess.run([sys.executable, "-m", "eosink.worker.clients.cli", "connectors", "--url", url, "apply",
+                                  str(CONFIG)], check=False)
+        if applied.returncode != 0:
+            raise EosinkError(f"registering the demo connector failed (exit code {applied.returncode})", component="demo")
         _step("waiting until everything is delivered")
         counts = _wait_delivered(ep.postgres_dsn, args.orders, args.timeout, worker, log_path)
     finally:
