@@ -109,7 +109,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interva
 
 def register(zk_hosts: str, cluster: str, name: str, config: dict) -> None:
     from eosink.worker.control.config import parse_connector
-    from eosink.worker.control.runner import ConnectorStore
+    from eosink.worker.control.store import ConnectorStore
     from eosink.worker.engine.zk import ZkSession
 
     parse_connector(name, config, resolve=False)  # the same validation as the CLI and the REST API

@@ -38,6 +38,11 @@ def leader(root: str) -> str:
     return f"{root}/leader"
 
 
+def leader_candidate(root: str) -> str:
+    """The prefix of a worker's ephemeral sequence znode in the election (ZooKeeper appends the sequence)."""
+    return f"{root}/leader/n_"
+
+
 def connectors(root: str) -> str:
     return f"{root}/connectors"
 

@@ -82,9 +82,9 @@ def _require(value: str, what: str, flag: str, env: str) -> str:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from eosink.worker.logging import configure, get_logger, register_secret
     from eosink.worker.control.rest.auth import RestAuth
     from eosink.worker.control.runner import Worker, WorkerOptions
+    from eosink.worker.logging import configure, get_logger, register_secret
 
     configure(args.log_level)
     kafka = kafka_settings(args.kafka_property)

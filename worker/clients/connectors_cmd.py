@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _direct(args: argparse.Namespace) -> int:
     from eosink.worker.control.config import load_connector_file
-    from eosink.worker.control.runner import ConnectorStore
+    from eosink.worker.control.store import ConnectorStore
     from eosink.worker.engine.zk import ZkSession
 
     configs = [load_connector_file(f, resolve=False) for f in _files(args.files)] if args.action == "apply" else []

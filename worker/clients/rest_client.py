@@ -1,4 +1,8 @@
-"""A small client of the worker REST API (stdlib ``urllib``), for the CLI and the demo."""
+"""A small client of the worker REST API for ``eosink connectors``.
+
+Stdlib ``urllib`` only: the CLI runs wherever the worker is installed, with nothing more, and a
+failed call becomes one :class:`ApiFailure` naming the URL and the worker's Connect-shaped message.
+"""
 
 from __future__ import annotations
 

@@ -163,7 +163,8 @@ class ConnectorConfig:
         return {k: (MASK if k in secret and v not in (None, "") else v) for k, v in self.raw.items()}
 
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,99}$")
+#: A connector name: it is a ZooKeeper path segment and a URL path segment, so a conservative alphabet.
+CONNECTOR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,99}$")
 
 
 def parse_connector(name: Any, config: Any, *, source: str | None = None, resolve: bool = True) -> ConnectorConfig:
@@ -172,7 +173,7 @@ def parse_connector(name: Any, config: Any, *, source: str | None = None, resolv
     the worker that runs the connector, so secrets never travel into ZooKeeper."""
     if not isinstance(name, str) or not name:
         raise ConfigError("'name' is required: {\"name\": ..., \"config\": {...}}", key="name", source=source)
-    if not _NAME.match(name):
+    if not CONNECTOR_NAME.match(name):
         raise ConfigError("must be 1-100 letters, digits, '_' or '-' (it names znodes, tables and transaction ids)", key="name", source=source)
     if not isinstance(config, Mapping):
         raise ConfigError("'config' must be a JSON object", key="config", source=source)

@@ -16,8 +16,8 @@ from typing import Any
 from eosink.connectors.api.config import MASK, ConfigDef, ConfigKey, Importance, Type
 from eosink.connectors.api.errors import ConfigError
 from eosink.connectors.api.sink import TwoPhaseCommitSink
+from eosink.worker.control.config import _REF, ALIASES, COMMON, CONNECTOR_NAME, FANOUT, load_class, parse_connector
 from eosink.worker.version import VERSION
-from eosink.worker.control.config import _NAME, _REF, ALIASES, COMMON, FANOUT, load_class, parse_connector
 
 _ERROR_KEYS = frozenset(k for k in COMMON.keys if k.startswith("errors."))
 NAME_KEY = ConfigKey("name", Type.STRING, doc="Globally unique name of the connector (names znodes, tables and "
@@ -118,7 +118,7 @@ def validate(plugin: Plugin, config: Mapping[str, Any]) -> dict[str, Any]:
             if not (isinstance(value, str) and _REF.search(value)):
                 try:
                     ConfigDef._parse_one(key, sub)
-                    if key is NAME_KEY and not _NAME.match(str(value or "")):
+                    if key is NAME_KEY and not CONNECTOR_NAME.match(str(value or "")):
                         errors.append("must be 1-100 letters, digits, '_' or '-'")
                 except ConfigError as exc:
                     errors.append(exc.message.split(": ", 1)[-1])
@@ -135,15 +135,15 @@ def validate(plugin: Plugin, config: Mapping[str, Any]) -> dict[str, Any]:
     if not any(errors_by_key.values()):
         problem = registration_error(config.get("name") or "validate", config, plugin)
         if problem is not None:
-            key = problem.key or "connector.class"
-            if key not in errors_by_key:
-                configs.append({"definition": {"name": key, "type": "STRING", "required": False, "default_value": None,
+            culprit = problem.key or "connector.class"
+            if culprit not in errors_by_key:
+                configs.append({"definition": {"name": culprit, "type": "STRING", "required": False, "default_value": None,
                                                "importance": "HIGH", "documentation": "", "group": "Common", "width": "NONE",
-                                               "display_name": key, "dependents": [], "order": order + 1},
-                                "value": {"name": key, "value": _str(config.get(key)), "recommended_values": [], "errors": [],
-                                          "visible": True}})
-                errors_by_key[key] = []
-            errors_by_key[key].append(problem.message.split(": ", 1)[-1])
+                                               "display_name": culprit, "dependents": [], "order": order + 1},
+                                "value": {"name": culprit, "value": _str(config.get(culprit)), "recommended_values": [],
+                                          "errors": [], "visible": True}})
+                errors_by_key[culprit] = []
+            errors_by_key[culprit].append(problem.message.split(": ", 1)[-1])
     return {"name": plugin.class_name, "error_count": sum(len(e) for e in errors_by_key.values()), "groups": groups,
             "configs": configs}
 
@@ -175,7 +175,7 @@ def errors_message(infos: dict[str, Any], plugin_name: str) -> str:
 
 def config_keys(plugin: Plugin) -> list[dict[str, Any]]:
     """``GET /connector-plugins/{p}/config``: Kafka Connect's ConfigKeyInfo list."""
-    out = []
+    out: list[dict[str, Any]] = []
     for group, prefix, cdef in _groups(plugin, {}):
         for key in cdef.keys.values():
             out.append({"name": prefix + key.name, "type": key.type.value, "required": key.required,

@@ -20,8 +20,11 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from eosink.connectors.api.errors import EosinkError
+from eosink.worker import paths
+from eosink.worker.stack.endpoints import Endpoints
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo-orders.json"
 TOPIC = "eosink-demo-orders"
@@ -31,7 +34,7 @@ LAKE_BUCKET, LAKE_TABLE = "eosink-demo-lake", "demo.orders"
 ARCHIVE_BUCKET = "eosink-demo-archive"
 
 
-def _sink_env(ep) -> dict[str, str]:
+def _sink_env(ep: Endpoints) -> dict[str, str]:
     """What ``configs/demo-orders.json`` reads through ``${env:...}``: the local stack's endpoints."""
     user_host = ep.postgres_dsn.split("://", 1)[1]
     return {
@@ -43,7 +46,7 @@ def _sink_env(ep) -> dict[str, str]:
     }
 
 
-def _lake_catalog(ep):
+def _lake_catalog(ep: Endpoints) -> Any:
     from pyiceberg.catalog import load_catalog
 
     env = _sink_env(ep)
@@ -52,7 +55,7 @@ def _lake_catalog(ep):
                            "s3.secret-access-key": env["EOSINK_S3_SECRET_ACCESS_KEY"], "s3.region": "us-east-1"})
 
 
-def _empty_bucket(s3, bucket: str) -> None:
+def _empty_bucket(s3: Any, bucket: str) -> None:
     try:
         s3.create_bucket(Bucket=bucket)
     except (s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
@@ -67,7 +70,7 @@ def _step(msg: str) -> None:
     print(f"==> {msg}", flush=True)
 
 
-def _reset(ep, home: Path, partitions: int) -> None:
+def _reset(ep: Endpoints, home: Path, partitions: int) -> None:
     import psycopg
     from confluent_kafka.admin import AdminClient, NewTopic
     from kazoo.client import KazooClient
@@ -86,14 +89,15 @@ def _reset(ep, home: Path, partitions: int) -> None:
             time.sleep(0.3)
     zk = KazooClient(hosts=ep.zookeeper_hosts)
     zk.start(timeout=20)
-    for path in (f"/eosink/default/partitions/{CONNECTOR}", f"/eosink/default/connectors/{CONNECTOR}"):
+    root = paths.cluster_root("default")
+    for path in (paths.partitions(root, CONNECTOR), paths.connector(root, CONNECTOR)):
         if zk.exists(path):
             zk.delete(path, recursive=True)
     zk.stop()
     with psycopg.connect(ep.postgres_dsn, autocommit=True) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
         for table in ("eosink_offsets", "eosink_txn_manifest", "eosink_committed_txns"):
-            if conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0]:
+            if _row(conn, "SELECT to_regclass(%s)", (table,))[0]:
                 conn.execute(f"DELETE FROM {table} WHERE connector = %s", (CONNECTOR,))
     shutil.rmtree(home / "demo-out", ignore_errors=True)
     import boto3
@@ -142,9 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     _reset(ep, home, args.partitions)
 
     _step(f"publishing {args.orders} orders from a Spark job (one Kafka transaction per task)")
-    from pyspark.sql import SparkSession
-
     from eosink.spark_jobs.jobs import orders
+    from pyspark.sql import SparkSession
 
     spark = (SparkSession.builder.master("local[2]").appName("eosink-demo")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4").getOrCreate())
@@ -171,10 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         _wait_ready(url, worker, log_path)
         shown = CONFIG.relative_to(Path.cwd()) if CONFIG.is_relative_to(Path.cwd()) else CONFIG
         _step(f"registering {shown} through the REST API: eosink connectors --url {url} apply {shown}")
-        from eosink.worker.clients.cli import main as cli_main
-
-        if cli_main(["connectors", "--url", url, "apply", str(CONFIG)]) != 0:
-            raise EosinkError("registering the demo connector failed", component="demo")
+        # A process of its own, as a user would run it (and the demo does not import the CLI that imports it).
+        applied = subprocess.run([sys.executable, "-m", "eosink.worker.clients.cli", "connectors", "--url", url, "apply",
+                                  str(CONFIG)], check=False)
+        if applied.returncode != 0:
+            raise EosinkError(f"registering the demo connector failed (exit code {applied.returncode})", component="demo")
         _step("waiting until everything is delivered")
         counts = _wait_delivered(ep.postgres_dsn, args.orders, args.timeout, worker, log_path)
     finally:
@@ -207,12 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-def _lake_ids(ep) -> list[str]:
+def _lake_ids(ep: Endpoints) -> list[str]:
     table = _lake_catalog(ep).load_table(LAKE_TABLE)
     return table.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist()
 
 
-def _archive_ids(ep) -> list[str]:
+def _archive_ids(ep: Endpoints) -> list[str]:
     import boto3
 
     s3 = boto3.client("s3", **ep.s3)
@@ -264,19 +268,27 @@ def _wait_delivered(dsn: str, expected: int, timeout: float, worker: subprocess.
         while time.monotonic() < deadline:
             if worker.poll() is not None:
                 raise EosinkError(f"the worker exited with code {worker.returncode}", component="demo", log_file=str(log_path))
-            if conn.execute("SELECT to_regclass(%s)", (TABLE,)).fetchone()[0]:
-                rows, distinct, aborted = conn.execute(
-                    f"SELECT count(*), count(DISTINCT order_id), count(*) FILTER (WHERE order_id LIKE 'aborted-%%') FROM {TABLE}"
-                ).fetchone()
+            if _row(conn, "SELECT to_regclass(%s)", (TABLE,))[0]:
+                rows, distinct, aborted = _row(
+                    conn, f"SELECT count(*), count(DISTINCT order_id), count(*) FILTER (WHERE order_id LIKE 'aborted-%%') FROM {TABLE}"
+                )
                 counts = {"rows": rows, "distinct": distinct, "duplicates": rows - distinct,
                           "missing": expected - (distinct - aborted), "from_aborted": aborted}
                 if distinct >= expected:
                     time.sleep(2 * 1.0)  # two more commit intervals: anything extra would show now
-                    rows, distinct = conn.execute(f"SELECT count(*), count(DISTINCT order_id) FROM {TABLE}").fetchone()
+                    rows, distinct = _row(conn, f"SELECT count(*), count(DISTINCT order_id) FROM {TABLE}")
                     counts.update(rows=rows, distinct=distinct, duplicates=rows - distinct)
                     return counts
             time.sleep(0.5)
     raise EosinkError(f"not everything was delivered within {timeout:.0f} s: {counts}", component="demo", log_file=str(log_path))
+
+
+def _row(conn: Any, sql: str, params: tuple[Any, ...] = ()) -> tuple[Any, ...]:
+    """The one row a query of aggregates returns."""
+    row = conn.execute(sql, params).fetchone()
+    if row is None:
+        raise EosinkError(f"PostgreSQL returned no row for {sql!r}", component="demo")
+    return tuple(row)
 
 
 def _count_files(path: Path) -> int:

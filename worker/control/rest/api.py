@@ -2,7 +2,7 @@
 
 Every handler takes a :class:`Request` and returns a :class:`Response` or raises :class:`ApiError`
 (rendered ``{"error_code": ..., "message": ...}``). Configs and target states live in ZooKeeper
-(:class:`~eosink.worker.control.runner.ConnectorStore`), so any worker answers any request; the workers act on
+(:class:`~eosink.worker.control.store.ConnectorStore`), so any worker answers any request; the workers act on
 what changed at their next reconcile (about a second).
 
 Where eosink differs from Connect, on purpose:
@@ -19,20 +19,20 @@ Where eosink differs from Connect, on purpose:
 
 from __future__ import annotations
 
-import json
-import math
 import re
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 from urllib.parse import quote
 
 from eosink.connectors.api.errors import EosinkError
 from eosink.connectors.api.records import TopicPartition
 from eosink.worker.control import plugins
 from eosink.worker.control.admin import ClusterAdmin, OffsetsConflict
-from eosink.worker.control.config import _NAME, masked_config, parse_connector
+from eosink.worker.control.config import CONNECTOR_NAME, masked_config, parse_connector
+from eosink.worker.control.rest.messages import ApiError, Request, Response, check_config_values
+from eosink.worker.control.store import ConnectorStore
+from eosink.worker.engine.zk import ZkSession
 from eosink.worker.logging import get_logger
 
 log = get_logger("eosink.worker.control.rest")
@@ -40,66 +40,37 @@ STATES = ("RUNNING", "PAUSED", "STOPPED")
 _TOPIC = re.compile(r"^(?!\.{1,2}$)[a-zA-Z0-9._-]{1,249}$")  # Kafka's legal topic names
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+class WorkerView(Protocol):
+    """What the API reads of the worker serving it, and nothing else (the worker is
+    :class:`eosink.worker.control.runner.Worker`; the API never reaches into its tasks)."""
 
+    @property
+    def session(self) -> ZkSession: ...  # connectors, status and offsets all live in ZooKeeper
 
-@dataclass
-class Request:
-    method: str
-    path: str
-    params: dict[str, str]
-    query: dict[str, list[str]]
-    body: bytes = b""
+    @property
+    def worker_id(self) -> str: ...
 
-    def json(self) -> Any:
-        if not self.body.strip():
-            raise ApiError(400, "a JSON request body is required")
+    @property
+    def cluster(self) -> str: ...
 
-        def no_constants(c: str) -> Any:
-            raise ValueError(f"{c} is not valid JSON")
+    @property
+    def bootstrap(self) -> str: ...
 
-        try:
-            return json.loads(self.body, parse_constant=no_constants)
-        except (ValueError, RecursionError) as exc:
-            raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    @property
+    def kafka(self) -> Mapping[str, str]: ...  # Kafka client settings (security) for admin and dead-letter reads
 
-    def flag(self, name: str, default: bool = False) -> bool:
-        values = self.query.get(name)
-        if not values:
-            return default
-        v = values[-1].strip().lower()
-        if v not in ("true", "false"):
-            raise ApiError(400, f"query parameter {name} must be true or false, got {values[-1]!r}")
-        return v == "true"
+    @property
+    def poll_interval_s(self) -> float: ...
 
+    @property
+    def last_tick(self) -> float | None: ...  # monotonic time of the last completed reconcile (liveness)
 
-@dataclass
-class Response:
-    status: int
-    body: Any = None
-    headers: dict[str, str] = field(default_factory=dict)
-    raw: bytes | None = None
-    content_type: str = "application/json"
-
-
-def _check_config_values(config: dict[str, Any]) -> None:
-    """Connect configs are string maps; eosink also takes numbers, booleans and lists of those."""
-    for k, v in config.items():
-        if isinstance(v, dict) or (isinstance(v, list) and any(isinstance(x, (dict, list)) for x in v)):
-            raise ApiError(400, f"Connector configuration is invalid: key '{k}': a value must be a string, number, "
-                                "boolean or list, not an object")
-        if isinstance(v, float) and not math.isfinite(v):
-            raise ApiError(400, f"Connector configuration is invalid: key '{k}': not a finite number")
+    @property
+    def registered(self) -> bool: ...  # a member of the cluster in the current ZooKeeper session (readiness)
 
 
 class ConnectApi:
-    def __init__(self, worker: Any) -> None:
-        from eosink.worker.control.runner import ConnectorStore
-
+    def __init__(self, worker: WorkerView) -> None:
         self.worker = worker
         self.store = ConnectorStore(worker.session)
         self.admin = ClusterAdmin(worker.session)
@@ -109,7 +80,7 @@ class ConnectApi:
     def _name(self, req: Request) -> str:
         """The path's connector name, which must exist (404 otherwise, as for any unknown name)."""
         name = req.params["name"]
-        if not _NAME.match(name) or self.store.get(name) is None:
+        if not CONNECTOR_NAME.match(name) or self.store.get(name) is None:
             raise ApiError(404, f"Connector {name} not found")
         return name
 
@@ -120,11 +91,11 @@ class ConnectApi:
 
     def _validated(self, name: Any, config: Any) -> dict[str, Any]:
         """400 naming every bad key, in Connect's words; the config as it will be stored."""
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not CONNECTOR_NAME.match(name):
             raise ApiError(400, f"Connector name {name!r} is invalid: it must be 1-100 letters, digits, '_' or '-'")
         if not isinstance(config, dict):
             raise ApiError(400, "Connector configuration must be a JSON object")
-        _check_config_values(config)
+        check_config_values(config)
         if "name" in config and config["name"] != name:
             raise ApiError(400, f"Connector name configuration ({config['name']!r}) doesn't match connector name in "
                                 f"the URL ({name})")
@@ -143,14 +114,14 @@ class ConnectApi:
     # -- root, probes, docs -----------------------------------------------------------------------
     def root(self, req: Request) -> Response:
         return Response(200, {"version": plugins.VERSION, "commit": "", "kafka_cluster_id": self._kafka_cluster_id(),
-                              "eosink_cluster": self.worker.options.cluster, "worker_id": self.worker.options.worker_id})
+                              "eosink_cluster": self.worker.cluster, "worker_id": self.worker.worker_id})
 
     def _kafka_cluster_id(self) -> str | None:
         if self._cluster_id is None:
             try:
                 from confluent_kafka.admin import AdminClient
 
-                admin = AdminClient({"bootstrap.servers": self.worker.options.bootstrap, **self.worker.options.kafka})
+                admin = AdminClient({"bootstrap.servers": self.worker.bootstrap, **self.worker.kafka})
                 self._cluster_id = admin.list_topics(timeout=5).cluster_id
             except Exception:  # noqa: BLE001 - Kafka away: say so by a null, the root must answer anyway
                 return None
@@ -158,13 +129,11 @@ class ConnectApi:
 
     def health(self, req: Request) -> Response:
         """Liveness (KIP-1017's shape): 200 once started while the reconcile loop keeps turning."""
-        import time
-
         w = self.worker
         if w.last_tick is None:
             return Response(503, {"status": "starting", "message": "Worker is still starting up."})
         stale = time.monotonic() - w.last_tick
-        if stale > max(30.0, 10 * w.options.poll_interval_s):
+        if stale > max(30.0, 10 * w.poll_interval_s):
             return Response(500, {"status": "unhealthy", "message": f"the worker's main loop has not run for {stale:.0f} s"})
         return Response(200, {"status": "healthy", "message": "Worker has completed startup and is ready to handle requests."})
 
@@ -172,7 +141,7 @@ class ConnectApi:
         """Readiness: connected to ZooKeeper and a member of the cluster (can take and run work)."""
         w = self.worker
         if w.registered and w.session.can_decide() and w.last_tick is not None:
-            return Response(200, {"status": "ready", "worker_id": w.options.worker_id})
+            return Response(200, {"status": "ready", "worker_id": w.worker_id})
         return Response(503, {"status": "not ready", "message": "not connected to ZooKeeper or not yet registered"})
 
     def metrics(self, req: Request) -> Response:
@@ -380,9 +349,9 @@ class ConnectApi:
             if cfg.settings["errors.tolerance"] == "all":
                 from eosink.worker.engine.deadletter import DeadLetterSink
 
-                sinks.append(DeadLetterSink(name, session=self.worker.session, worker_id=self.worker.options.worker_id,
-                                            bootstrap=self.worker.options.bootstrap,
-                                            topic=cfg.settings["errors.deadletterqueue.topic.name"], kafka=self.worker.options.kafka))
+                sinks.append(DeadLetterSink(name, session=self.worker.session, worker_id=self.worker.worker_id,
+                                            bootstrap=self.worker.bootstrap,
+                                            topic=cfg.settings["errors.deadletterqueue.topic.name"], kafka=self.worker.kafka))
         except EosinkError as exc:
             errors.append({"sink": "config", "message": str(exc)})
         try:
@@ -415,7 +384,7 @@ class ConnectApi:
         config = req.json()
         if not isinstance(config, dict):
             raise ApiError(400, "the body must be the connector configuration, a JSON object")
-        _check_config_values(config)
+        check_config_values(config)
         given = config.get("connector.class")
         if given not in (None, "") and plugins.find(str(given)) != plugin:
             raise ApiError(400, f"Included connector type {given} does not match request type {req.params['plugin']}")
@@ -456,4 +425,4 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("PUT", "/connector-plugins/{plugin}/config/validate", ConnectApi.validate),
 ]
 
-__all__ = ["ApiError", "ConnectApi", "Request", "Response", "ROUTES"]
+__all__ = ["ROUTES", "ConnectApi", "WorkerView"]

@@ -23,7 +23,7 @@ class RestAuth:
     token: str | None = None
 
     @classmethod
-    def from_settings(cls, basic: str | None, token: str | None) -> "RestAuth | None":
+    def from_settings(cls, basic: str | None, token: str | None) -> RestAuth | None:
         pair = None
         if basic:
             user, sep, password = basic.partition(":")

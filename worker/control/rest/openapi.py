@@ -1,4 +1,8 @@
-"""The OpenAPI 3.0 document served at ``/openapi.json`` (and fuzzed by schemathesis in tests/test_rest.py)."""
+"""The OpenAPI 3.0 document served at ``/openapi.json`` (and fuzzed by schemathesis in tests/test_rest.py).
+
+Written out here rather than derived: the stdlib server has no framework to derive it from, and
+the schemathesis run in the tests is what keeps this document and the routing table in agreement.
+"""
 
 from __future__ import annotations
 

@@ -17,9 +17,10 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from eosink.connectors.api.errors import EosinkError, RetryableError
-from eosink.worker.logging import get_logger, redact
-from eosink.worker.control.rest.api import ROUTES, ApiError, ConnectApi, Request, Response
+from eosink.worker.control.rest.api import ROUTES, ConnectApi, WorkerView
 from eosink.worker.control.rest.auth import OPEN_PATHS, RestAuth
+from eosink.worker.control.rest.messages import ApiError, Request, Response
+from eosink.worker.logging import get_logger, redact
 
 log = get_logger("eosink.worker.control.rest")
 MAX_BODY = 1024 * 1024
@@ -155,7 +156,7 @@ class _Handler(BaseHTTPRequestHandler):
 class RestServer:
     """Started by the worker once its ZooKeeper session is up; stopped at shutdown."""
 
-    def __init__(self, worker: Any, host: str, port: int, auth: RestAuth | None = None) -> None:
+    def __init__(self, worker: WorkerView, host: str, port: int, auth: RestAuth | None = None) -> None:
         handler = type("Handler", (_Handler,), {"api": ConnectApi(worker), "auth": auth})
         try:
             self.httpd = ThreadingHTTPServer((host, port), handler)
@@ -165,7 +166,7 @@ class RestServer:
         self.port = self.httpd.server_address[1]
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "RestServer":
+    def start(self) -> RestServer:
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2}, name="rest",
                                         daemon=True)
         self._thread.start()

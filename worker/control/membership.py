@@ -1,0 +1,141 @@
+"""Who is in the cluster, who leads it, and what each worker owns.
+
+Every worker keeps an ephemeral znode under ``workers/`` and an ephemeral sequence znode under
+``leader/``; the lowest sequence leads. The leader alone computes the assignment
+(:func:`eosink.worker.control.assignment.assign`) and publishes each worker's share under
+``assignments/<worker>``; every worker then runs what its own znode names. Ephemeral znodes make a
+lost ZooKeeper session leave the cluster by itself, so a dead worker's partitions move on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from eosink.connectors.api.records import TopicPartition
+from eosink.worker import paths
+from eosink.worker.control.assignment import assign, from_json, to_json
+from eosink.worker.control.config import ConnectorConfig
+from eosink.worker.engine.zk import ZkSession
+from eosink.worker.logging import get_logger
+
+log = get_logger("eosink.worker.control.membership")
+
+
+class TopicPartitions:
+    """The partitions of topics as Kafka reports them now (what the leader divides among the workers)."""
+
+    def __init__(self, bootstrap: str, kafka: Mapping[str, str]) -> None:
+        self._config: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap, **kafka}
+        self._admin: Any = None
+
+    def __call__(self, topics: list[str]) -> set[TopicPartition]:
+        from confluent_kafka.admin import AdminClient
+
+        if self._admin is None:
+            self._admin = AdminClient(self._config)
+        md = self._admin.list_topics(timeout=10)
+        out: set[TopicPartition] = set()
+        for t in topics:
+            tmd = md.topics.get(t)
+            if tmd is None or tmd.error is not None:
+                continue
+            out |= {TopicPartition(t, p) for p in tmd.partitions}
+        return out
+
+
+class Membership:
+    """One worker's place in the cluster: its znodes, the election, and the assignment it reads (or, leading, writes)."""
+
+    def __init__(self, session: ZkSession, worker_id: str, partitions: Callable[[list[str]], set[TopicPartition]]) -> None:
+        self.session = session
+        self.worker_id = worker_id
+        self._partitions = partitions
+        self._leader_node: str | None = None
+
+    def register(self, rest_url: str | None) -> bool:
+        """(Re-)create this worker's ephemeral znodes; after a LOST session they are gone.
+
+        True when this worker's znode had to be created: a new session, whose other ephemeral
+        znodes (the status reports) are gone too."""
+        from kazoo.exceptions import NodeExistsError
+
+        zk, root = self.session.client, self.session.root
+        me = paths.worker(root, self.worker_id)
+        fresh = False
+        if not zk.exists(me):
+            fresh = True
+            try:
+                zk.create(me, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
+                                          "rest_url": rest_url}).encode(), ephemeral=True, makepath=True)
+            except NodeExistsError:
+                pass
+            self._leader_node = None
+        if self._leader_node is None or not zk.exists(self._leader_node):
+            self._leader_node = zk.create(paths.leader_candidate(root), self.worker_id.encode(), ephemeral=True,
+                                          sequence=True, makepath=True)
+        return fresh
+
+    def watch(self, wake: Callable[[], None]) -> None:
+        """Watches that wake the reconcile loop at once: membership, leadership, connectors and this
+        worker's assignment. Polling stays as the safety net. Set once: kazoo's watch recipes re-arm
+        themselves after reconnects."""
+        zk, root = self.session.client, self.session.root
+        for path in (paths.workers(root), paths.leader(root), paths.connectors(root), paths.assignments(root)):
+            zk.ensure_path(path)
+
+        def on_event(*_args: Any) -> None:  # runs on kazoo's thread: only set a flag
+            wake()
+
+        for path in (paths.workers(root), paths.leader(root), paths.connectors(root)):
+            zk.ChildrenWatch(path, on_event, send_event=True)
+        zk.DataWatch(paths.assignment(root, self.worker_id), on_event)
+
+    def is_leader(self) -> bool:
+        children = sorted(self.session.client.get_children(paths.leader(self.session.root)))
+        return bool(children) and self._leader_node is not None and self._leader_node.endswith(children[0])
+
+    def lead(self, wanted: Mapping[str, ConnectorConfig]) -> None:
+        """Leader only: compute the assignment of every RUNNING connector and publish it."""
+        from kazoo.exceptions import NodeExistsError, NoNodeError
+
+        zk, root = self.session.client, self.session.root
+        workers = zk.get_children(paths.workers(root))
+        zk.ensure_path(paths.assignments(root))
+        previous = {}
+        for w in zk.get_children(paths.assignments(root)):
+            try:
+                previous[w] = from_json(json.loads(zk.get(paths.assignment(root, w))[0]))
+            except (NoNodeError, ValueError):
+                continue
+        partitions = {name: sorted(self._partitions(cfg.topics)) for name, cfg in wanted.items()}
+        result = assign(partitions, {n: c.settings["tasks.max"] for n, c in wanted.items()}, workers, previous)
+        for w, conns in result.items():
+            doc = json.dumps(to_json(conns), sort_keys=True).encode()
+            path = paths.assignment(root, w)
+            if previous.get(w) == conns and zk.exists(path):
+                continue
+            try:
+                zk.create(path, doc)
+            except NodeExistsError:
+                zk.set(path, doc)
+            log.info("assignment_published", worker=w, partitions={c: len(s) for c, s in conns.items()})
+        for w in set(previous) - set(result):
+            try:
+                zk.delete(paths.assignment(root, w))
+            except NoNodeError:
+                pass
+
+    def my_assignment(self) -> dict[str, set[TopicPartition]]:
+        """What the leader last gave this worker: partitions per connector (empty before the first assignment)."""
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            data, _ = self.session.client.get(paths.assignment(self.session.root, self.worker_id))
+        except NoNodeError:
+            return {}
+        return from_json(json.loads(data))
