@@ -18,15 +18,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from eosink.connectors.api.errors import ConfigError, EosinkError
+from eosink.connectors.api.records import TopicPartition
+from eosink.worker import metrics
 from eosink.worker.control.config import ConnectorConfig, parse_connector, secret_values
 from eosink.worker.control.membership import Membership, TopicPartitions
 from eosink.worker.control.status import StatusPublisher
 from eosink.worker.control.store import ConnectorStore
 from eosink.worker.engine.decision import ZooKeeperDecisionLog
 from eosink.worker.engine.source import KafkaSource
-from eosink.worker.engine.task import SinkTask, TaskSettings
+from eosink.worker.engine.task import SinkTask
+from eosink.worker.engine.types import TaskSettings
 from eosink.worker.engine.zk import ZkSession
 from eosink.worker.logging import get_logger, register_secret, run_in_context
+from eosink.worker.transforms import build_chain
 
 if TYPE_CHECKING:
     from eosink.worker.control.rest.auth import RestAuth
@@ -90,6 +94,8 @@ class Worker:
         self.rest: Any = None  # eosink.worker.control.rest.RestServer once serving
         self.last_tick: float | None = None  # monotonic time of the last completed reconcile (liveness)
         self.registered = False  # this worker's znode exists in the current session (readiness)
+        self.leading = False  # as of the last reconcile (the metrics read it without a ZooKeeper call)
+        self._last_assignment: dict[str, set[TopicPartition]] | None = None
 
     # -- what the REST API reads of its worker (eosink.worker.control.rest.api.WorkerView) ----------
     @property
@@ -118,8 +124,16 @@ class Worker:
             return self.options.rest_advertised_url
         return f"http://{socket.gethostname()}:{self.rest.port}" if self.rest is not None else None
 
+    # -- what the metrics read at scrape time (eosink.worker.metrics.WorkerView) --------------------
+    def zookeeper_connected(self) -> bool:
+        return self.session.can_decide()
+
+    def is_leader(self) -> bool:
+        return self.leading and self.session.can_decide()
+
     # -- the loop -------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
+        metrics.track_worker(self)
         self.session.start()
         if self.options.rest_port or self.options.rest_advertised_url:
             from eosink.worker.control.rest import RestServer
@@ -150,6 +164,7 @@ class Worker:
             if self.rest is not None:
                 self.rest.stop()
             self.session.stop()  # ephemeral znodes go now, not a session timeout later
+            metrics.untrack_worker(self)
             log.info("worker_stopped", worker=self.options.worker_id)
 
     def reconcile(self, store: ConnectorStore) -> None:
@@ -163,10 +178,14 @@ class Worker:
         self.registered = True
         desired = self._desired(store)
         wanted = desired.wanted
-        leader = self.membership.is_leader()
+        leader = self.leading = self.membership.is_leader()
         if leader:
             self.membership.lead(wanted)
         mine = self.membership.my_assignment()
+        if mine != self._last_assignment:
+            if self._last_assignment is not None:
+                metrics.REBALANCES.inc()
+            self._last_assignment = mine
         for name in list(self.running):
             stale = name not in wanted or not mine.get(name) or wanted[name].raw != self.running[name].config.raw
             if stale or self._restart_requested(name, store):  # a restart request is read only for a task kept
@@ -259,7 +278,8 @@ class Worker:
             )
         task = SinkTask(cfg.name, self.options.worker_id, cfg.create_sinks(), source,
                         ZooKeeperDecisionLog(self.session, self.options.worker_id), settings, dead_letter=dead_letter,
-                        on_fenced=lambda _partitions: self._wake.set(), on_change=self._wake.set)
+                        on_fenced=lambda _partitions: self._wake.set(), on_change=self._wake.set,
+                        transforms=build_chain(cfg.raw))
         try:
             task.open()
         except BaseException:
