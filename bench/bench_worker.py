@@ -618,8 +618,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 groups.append(f"connect-bench-fs-{conv}-{rtag}")
                 try:
                     step(f"Kafka Connect {conv} converter{label}",
-                         lambda c=conv: run_connect(ep.kafka_bootstrap, topic, n, value_bytes, rtag, workdir, args.timeout_s,
-                                                    args.keep, c))
+                         lambda c=conv: run_connect(ep.kafka_bootstrap, topic, n, value_bytes, rtag, workdir,
+                                                    args.timeout_s, args.keep, c))
                 except ComponentError as exc:
                     raise SystemExit(f"\nKafka Connect cannot run: {exc}\n(rerun with --skip-connect to leave it out)") from None
             step("ceiling", lambda: in_child(run_ceiling, ep.kafka_bootstrap, topic, tps, n, f"{rtag}c", args.timeout_s))
@@ -654,14 +654,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         vs_json = f"{r.rate / peer_json.rate:.2f}x" if peer_json else "-"
         cycles = str(r.cycles) if r.cycles is not None else "-"
         print(f"{r.name:45s} {r.records:>10,} {r.seconds:>8.2f} {r.rate:>10,.0f} {r.mb_s:>6.1f} {cycles:>6s} "
-              f"{r.rate / ceiling.rate:>8.0%} {vs_peer:>8s} {vs_json:>9s} {r.cpu_s:>6.1f} {r.cpu_s / r.records * 1e6:>10.1f}")
+              f"{r.rate / ceiling.rate:>8.0%} {vs_peer:>8s} {vs_json:>9s} {r.cpu_s:>6.1f} "
+              f"{r.cpu_s / r.records * 1e6:>10.1f}")
     print(f"(best of {len(runs['ceiling'])} ceiling runs: {', '.join(f'{x.rate:,.0f}' for x in runs['ceiling'])} records/s"
           f"{'' if args.rounds == 1 else f'; best of {args.rounds} rounds for the others'}; MB/s = 10^6 value bytes/s; "
-          "/Connect, /ConnJSON = against Kafka Connect with StringConverter, JsonConverter from its first byte; CPU = user+system time of the process doing the work, "
+          "/Connect, /ConnJSON = against Kafka Connect with StringConverter, JsonConverter from its first byte; "
+          "CPU = user+system time of the process doing the work, "
           f"every thread; 1-min load average {' -> '.join(f'{x:.1f}' for x in load)} on {os.cpu_count()} CPUs)")
     cpu_rec = {r.kind: r.cpu_s / r.records for r in results}
     short = {"eosink-filesystem": "filesystem", "eosink-filesystem-raw": "filesystem raw", "eosink-memory": "memory", "ceiling-kept": "consumer keeping every record", "connect-launch": "Kafka Connect incl. start-up",
-             "connect-first-byte": "Kafka Connect from 1st byte", "connect-json-launch": "Kafka Connect JsonConverter incl. start-up",
+             "connect-first-byte": "Kafka Connect from 1st byte",
+             "connect-json-launch": "Kafka Connect JsonConverter incl. start-up",
              "connect-json-first-byte": "Kafka Connect JsonConverter from 1st byte"}
     print("CPU per record against the ceiling's (less sensitive to other load than wall time): " + ", ".join(
         f"{short[r.kind]} {cpu_rec[r.kind] / cpu_rec['ceiling']:.2f}x" for r in results[1:]))
@@ -680,7 +683,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{fr / connect[1].rate:.2f}x Kafka Connect ({r.seconds - r.extra['seconds_from_first_record']:.2f}s "
                   "from assignment to the first record)")
     if connect and connect_json:
-        print(f"Kafka Connect JsonConverter: {connect_json[1].extra['jvm_start_to_first_byte_s']:.2f}s from launch to its first byte")
+        print(f"Kafka Connect JsonConverter: {connect_json[1].extra['jvm_start_to_first_byte_s']:.2f}s "
+              "from launch to its first byte")
         fr = fs.extra["records_per_s_from_first_record"]
         print("ratios (Kafka Connect from its first byte): "
               f"ceiling / Connect StringConverter {ceiling.rate / connect[1].rate:.2f}x (target 1.0x); "
@@ -697,9 +701,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "memory >= 80% of ceiling": mem.rate >= 0.8 * ceiling.rate,
     }
     if connect and connect_json:
-        targets["ceiling (consume + decode) >= Kafka Connect StringConverter (from first byte)"] = ceiling.rate >= connect[1].rate
-        targets["filesystem JSON Lines >= Kafka Connect JsonConverter (from first byte)"] = fs.rate >= connect_json[1].rate
-        targets["filesystem JSON Lines >= 0.7x Kafka Connect StringConverter (from first byte)"] = fs.rate >= 0.7 * connect[1].rate
+        string_peer, json_peer = connect[1].rate, connect_json[1].rate
+        targets["ceiling (consume + decode) >= Kafka Connect StringConverter (from first byte)"] = ceiling.rate >= string_peer
+        targets["filesystem JSON Lines >= Kafka Connect JsonConverter (from first byte)"] = fs.rate >= json_peer
+        targets["filesystem JSON Lines >= 0.7x Kafka Connect StringConverter (from first byte)"] = fs.rate >= 0.7 * string_peer
     if connect:
         targets["filesystem >= Kafka Connect (from launch)"] = fs.rate >= connect[0].rate
         targets["filesystem >= Kafka Connect (from first byte)"] = fs.rate >= connect[1].rate
