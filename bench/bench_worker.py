@@ -702,9 +702,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if connect and connect_json:
         string_peer, json_peer = connect[1].rate, connect_json[1].rate
-        targets["ceiling (consume + decode) >= Kafka Connect StringConverter (from first byte)"] = ceiling.rate >= string_peer
+        targets["ceiling (consume + decode) >= Kafka Connect StringConverter (1st byte)"] = ceiling.rate >= string_peer
         targets["filesystem JSON Lines >= Kafka Connect JsonConverter (from first byte)"] = fs.rate >= json_peer
-        targets["filesystem JSON Lines >= 0.7x Kafka Connect StringConverter (from first byte)"] = fs.rate >= 0.7 * string_peer
+        targets["filesystem JSON Lines >= 0.7x Kafka Connect StringConverter (1st byte)"] = fs.rate >= 0.7 * string_peer
     if connect:
         targets["filesystem >= Kafka Connect (from launch)"] = fs.rate >= connect[0].rate
         targets["filesystem >= Kafka Connect (from first byte)"] = fs.rate >= connect[1].rate
