@@ -1,12 +1,20 @@
-"""The record source's process-wide pieces that need no broker: the garbage-collector pause."""
+"""The record source: its process-wide garbage-collector pause (no broker), and ``value.converter=json``
+decoding records from the real Kafka exactly as ``json.loads`` would, undecodable ones named by offset."""
 
 from __future__ import annotations
 
 import gc
+import json
+import math
+import time
 
 import pytest
 
+from eosink.connectors.api.errors import RecordError
+from eosink.connectors.api.records import TopicPartition
 from eosink.worker.engine import source
+from eosink.worker.engine.source import KafkaSource
+from tests.restkit import produce
 
 
 class _Cycle:
@@ -45,3 +53,88 @@ def test_overlapping_gc_pauses_still_collect_cyclic_garbage(collector_on, monkey
             assert not any(isinstance(o, _Cycle) for o in gc.get_objects())
             assert not gc.isenabled()
     assert gc.isenabled()
+
+
+# ---------------------------------------------------------------------------------------- json from Kafka
+#: Values json.loads accepts although msgspec refuses them (the stdlib decides), and ordinary ones.
+ODD_BUT_VALID = [
+    b'{"id":0,"amount":554.33,"big":123456789012345678901234567890}',
+    b'{"id":1,"x":NaN,"y":-Infinity,"z":1e400}',
+    b'{"id":2,"s":"\\ud800","dup":1,"dup":2}',
+    b'\xef\xbb\xbf{"id":3}',
+    '{"id":4}'.encode("utf-16-le"),
+    b'{"id":5,"raw_surrogate":"\xed\xa0\x80"}',
+]
+UNDECODABLE = [b"{broken", b'{"s":"\xff"}', b"[" * 5000 + b"]" * 5000, b"1" * 4301]
+
+
+def _poll_all(src: KafkaSource, n: int) -> source.Batch:
+    out = source.Batch()
+    deadline = time.monotonic() + 30
+    while len(out.records) + len(out.failed) < n and out.error is None and time.monotonic() < deadline:
+        b = src.poll_batch(10_000, 10_000_000, 1.0)
+        out.records += b.records
+        out.failed += b.failed
+        out.error = b.error
+    return out
+
+
+def _same(a, b) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def test_json_converter_decodes_kafka_values_exactly_as_json_loads(stack, make_topic, unique):
+    topic = make_topic()
+    produce(stack.kafka_bootstrap, topic, [(0, v) for v in ODD_BUT_VALID])
+    src = KafkaSource(unique, stack.kafka_bootstrap, value_converter="json")
+    try:
+        src.assign({TopicPartition(topic, 0): 0})
+        batch = _poll_all(src, len(ODD_BUT_VALID))
+    finally:
+        src.close()
+    assert batch.error is None and batch.failed == []
+    assert [r.offset for r in batch.records] == list(range(len(ODD_BUT_VALID)))
+    for r, raw in zip(batch.records, ODD_BUT_VALID):
+        assert r.raw_value == raw
+        assert _same(r.value, json.loads(raw)), (r.offset, r.value)
+
+
+def test_undecodable_json_values_become_record_errors_naming_topic_partition_and_offset(stack, make_topic, unique):
+    """Malformed JSON, invalid UTF-8, nesting past the recursion limit, an integer over the digit limit:
+    each is a RecordError for its own offset (tolerated: listed as failed, and the batch goes on)."""
+    topic = make_topic()
+    good = b'{"id":"ok"}'
+    produce(stack.kafka_bootstrap, topic, [(0, v) for v in [good, *UNDECODABLE, good]])
+    src = KafkaSource(unique, stack.kafka_bootstrap, value_converter="json", tolerate=True)
+    try:
+        src.assign({TopicPartition(topic, 0): 0})
+        batch = _poll_all(src, len(UNDECODABLE) + 2)
+    finally:
+        src.close()
+    assert batch.error is None
+    assert [r.offset for r in batch.records] == [0, len(UNDECODABLE) + 1]
+    assert [f.offset for f in batch.failed] == list(range(1, len(UNDECODABLE) + 1))
+    for f, raw in zip(batch.failed, UNDECODABLE):
+        assert f.value == raw and f.stage == "VALUE_CONVERTER"
+        err = f.error
+        assert isinstance(err, RecordError)
+        assert (err.topic, err.partition, err.offset) == (topic, 0, f.offset)
+        assert "cannot be decoded as json" in str(err)
+
+    strict = KafkaSource(unique + "-strict", stack.kafka_bootstrap, value_converter="json")
+    try:
+        strict.assign({TopicPartition(topic, 0): 3})  # the nesting record first
+        batch = _poll_all(strict, 1)
+    finally:
+        strict.close()
+    assert batch.records == [] and isinstance(batch.error, RecordError)
+    assert (batch.error.topic, batch.error.partition, batch.error.offset) == (topic, 0, 3)
+    assert "recursion" in str(batch.error)
