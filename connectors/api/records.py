@@ -35,7 +35,9 @@ class SinkRecord:
     topic: str
     partition: int
     offset: int
-    key: bytes | None
+    #: The key as ``key.converter`` decoded it: bytes (the default ``bytes`` converter), str, or a
+    #: JSON value (``json``); transforms such as ValueToKey may make it a dict.
+    key: Any
     value: Any
     raw_value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
@@ -55,6 +57,16 @@ class SinkRecord:
     def record_id(self) -> str:
         """Stable id: the publisher's id header, else topic/partition/offset."""
         return self.header(ID_HEADER) or f"{self.topic}/{self.partition}/{self.offset}"
+
+
+def key_json(r: SinkRecord) -> bytes:
+    """The record's key as JSON for an envelope: bytes as their UTF-8 text, anything else as JSON."""
+    k = r.key
+    if k is None:
+        return b"null"
+    if isinstance(k, bytes):
+        k = k.decode("utf-8", "replace")
+    return json.dumps(k, separators=(",", ":"), default=str).encode()
 
 
 def json_document(r: SinkRecord, *, component: str, needs: str) -> bytes:
@@ -111,7 +123,7 @@ class TxnManifest:
         return None
 
     @classmethod
-    def covering(cls, txn_id: str, connector: str, records: "Sequence[SinkRecord]", epoch: int) -> "TxnManifest":
+    def covering(cls, txn_id: str, connector: str, records: Sequence[SinkRecord], epoch: int) -> TxnManifest:
         """The manifest of a transaction holding ``records``, every partition at ``epoch``: per
         partition its first and last offset (what a sink's own tests and benchmarks prepare)."""
         lo: dict[tuple[str, int], int] = {}
@@ -132,7 +144,7 @@ class TxnManifest:
         )
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "TxnManifest":
+    def from_json(cls, text: str | bytes) -> TxnManifest:
         d = json.loads(text)
         return cls(
             txn_id=d["txn"],

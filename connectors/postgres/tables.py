@@ -19,11 +19,11 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from eosink.connectors.api.errors import ConfigError, RetryableError
+from eosink.connectors.api.records import SinkRecord
 from eosink.connectors.postgres import copy as pgc
 from eosink.connectors.postgres import schema as pgs
 from eosink.connectors.postgres.config import Settings
-from eosink.connectors.api.errors import ConfigError, RetryableError
-from eosink.connectors.api.records import SinkRecord
 
 log = logging.getLogger("eosink.connectors.postgres.sink")
 T = TypeVar("T")
@@ -134,13 +134,15 @@ class TableCache:
         key = rec.key
         if key is None:
             raise pgc.record_error(rec, "the Kafka key is null but pk.mode=record_key")
-        try:
-            obj: Any = json.loads(key)
-        except ValueError:
+        obj: Any = key
+        if isinstance(key, bytes):  # key.converter=bytes (the default): JSON if it parses, else text
             try:
-                obj = key.decode("utf-8")
-            except UnicodeDecodeError:
-                raise pgc.record_error(rec, "the Kafka key is neither JSON nor UTF-8 text (pk.mode=record_key)") from None
+                obj = json.loads(key)
+            except ValueError:
+                try:
+                    obj = key.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise pgc.record_error(rec, "the Kafka key is neither JSON nor UTF-8 text (pk.mode=record_key)") from None
         if type(obj) is dict:
             if not self.pk_fields:
                 return obj

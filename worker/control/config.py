@@ -31,6 +31,8 @@ from typing import Any
 from eosink.connectors.api.config import MASK, ConfigDef, Importance, Type, at_least, non_empty, one_of
 from eosink.connectors.api.errors import ConfigError
 from eosink.connectors.api.sink import TwoPhaseCommitSink
+from eosink.worker.control import keys
+from eosink.worker.transforms import validate_chain
 
 ALIASES: dict[str, str] = {
     "memory": "eosink.connectors.memory.MemorySink",
@@ -48,16 +50,42 @@ _CONVERTER_ALIASES = {
     "org.apache.kafka.connect.converters.ByteArrayConverter": "bytes",
 }
 
+
+
+def _converter(key: str, value: Any) -> None:
+    if _CONVERTER_ALIASES.get(value, value) not in ("json", "string", "bytes"):
+        raise ConfigError(f"{value!r} is not a converter eosink can decode: json, string or bytes, or Kafka Connect's "
+                          f"{', '.join(sorted(_CONVERTER_ALIASES))} (schema-registry formats such as Avro are not supported)",
+                          key=key)
+
+
+def _regex(key: str, value: Any) -> None:
+    if value:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ConfigError(f"{value!r} is not a regular expression: {exc}", key=key) from None
+
+
 #: Keys the engine reads for every connector, whatever its class.
 COMMON = (
     ConfigDef()
     .define("connector.class", Type.STRING, doc="Alias or dotted path of the sink class.", importance=Importance.HIGH, validator=non_empty)
-    .define("topics", Type.LIST, doc="Outbox topics to deliver, comma-separated.", importance=Importance.HIGH, validator=non_empty)
+    .define("topics", Type.LIST, [], "Outbox topics to deliver, comma-separated (or topics.regex).", importance=Importance.HIGH)
+    .define("topics.regex", Type.STRING, "", "Deliver every topic whose whole name matches this regular expression (Java "
+            "syntax as far as Python's re shares it); topics created later are picked up without a restart, within a "
+            "poll interval. Exactly one of topics and topics.regex.", Importance.HIGH, _regex)
     .define("tasks.max", Type.INT, 1, "At most this many workers consume the connector at once.", validator=at_least(1))
     .define("commit.interval.ms", Type.LONG, 1000, "Cycle length: the longest a record waits before its commit.", validator=at_least(10))
     .define("batch.max.records", Type.INT, 200_000, "A cycle commits early once it holds this many records.", validator=at_least(1))
-    .define("batch.max.bytes", Type.LONG, 64 * 1024 * 1024, "A cycle commits early once it holds this many value bytes.", validator=at_least(1))
-    .define("value.converter", Type.STRING, "json", "json | string | bytes (or Kafka Connect's class names).")
+    .define("batch.max.bytes", Type.LONG, 64 * 1024 * 1024, "A cycle commits early once it holds this many value bytes.",
+            validator=at_least(1))
+    .define("value.converter", Type.STRING, "json", "json | string | bytes (or Kafka Connect's class names).",
+            validator=_converter)
+    .define("value.converter.schemas.enable", Type.BOOLEAN, False, "JSON only: values are Kafka Connect's "
+            "{\"schema\": ..., \"payload\": ...} envelope and the payload is delivered.")
+    .define("key.converter", Type.STRING, "bytes", "How record keys reach transforms and sinks: bytes (as on the topic), "
+            "string or json (or Kafka Connect's class names). pk.mode=record_key reads it.", validator=_converter)
     .define("consumer.auto.offset.reset", Type.STRING, "earliest", "Where to start a partition no decision names yet.",
             validator=one_of("earliest", "latest"))
     # -- bad records and errors, as Kafka Connect names them (see worker/engine/deadletter.py) --------------------------
@@ -143,8 +171,17 @@ class ConnectorConfig:
         return self.settings["topics"]
 
     @property
+    def topics_regex(self) -> str:
+        return self.settings["topics.regex"]
+
+    @property
     def value_converter(self) -> str:
         v = self.settings["value.converter"]
+        return _CONVERTER_ALIASES.get(v, v)
+
+    @property
+    def key_converter(self) -> str:
+        v = self.settings["key.converter"]
         return _CONVERTER_ALIASES.get(v, v)
 
     def create_sinks(self) -> list[TwoPhaseCommitSink]:
@@ -167,7 +204,8 @@ class ConnectorConfig:
 CONNECTOR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,99}$")
 
 
-def parse_connector(name: Any, config: Any, *, source: str | None = None, resolve: bool = True) -> ConnectorConfig:
+def parse_connector(name: Any, config: Any, *, source: str | None = None, resolve: bool = True,
+                    check_clients: bool = False) -> ConnectorConfig:
     """Validate a registration. ``resolve=False`` is for where it is registered (CLI, REST):
     ``${env:..}``/``${file:..}`` references stay unresolved and unchecked - they are resolved by
     the worker that runs the connector, so secrets never travel into ZooKeeper."""
@@ -188,6 +226,16 @@ def parse_connector(name: Any, config: Any, *, source: str | None = None, resolv
         resolved = dict(raw)
         skip = frozenset(k for k, v in raw.items() if isinstance(v, str) and _REF.search(v))
     settings = COMMON.parse(resolved, source=source, skip=skip)
+    if bool(settings["topics"]) == bool(settings["topics.regex"]):
+        raise ConfigError("set exactly one of 'topics' and 'topics.regex'", key="topics", source=source)
+    settings["consumer.auto.offset.reset"] = keys.offset_reset(raw, settings["consumer.auto.offset.reset"])
+    keys.check_overrides(raw, source=source)
+    if check_clients:  # where a config is registered: librdkafka judges the consumer overrides now, not at task start
+        keys.check_consumer_overrides(raw, source=source, skip=skip)
+    chain_errors = validate_chain(resolved)
+    if chain_errors:
+        e = chain_errors[0]
+        raise ConfigError(e.message.split(": ", 1)[-1], key=e.key, source=source)
     if settings["errors.tolerance"] == "all" and not settings["errors.deadletterqueue.topic.name"]:
         raise ConfigError("is required with errors.tolerance=all: a tolerated record goes to the dead-letter topic, "
                           "it is never dropped silently", key="errors.deadletterqueue.topic.name", source=source)
@@ -204,8 +252,11 @@ def parse_connector(name: Any, config: Any, *, source: str | None = None, resolv
             cls = load_class(str(sub["connector.class"]), key=key, source=source)
             sub_skip = frozenset(k[len(prefix):] for k in skip if k.startswith(prefix))
             specs.append(SinkSpec(alias, cls, _parse_sink(cls, sub, source, prefix, sub_skip)))
+        known = {"name", "sinks", *COMMON.keys, *(f"sinks.{s.alias}.{k}" for s in specs for k in ("connector.class", *s.cls.CONFIG.keys))}
+        keys.check_unknown(raw, known, source=source)
         return ConnectorConfig(name, raw, settings, tuple(specs))
     cls = load_class(cls_name, source=source)
+    keys.check_unknown(raw, {"name", *COMMON.keys, *cls.CONFIG.keys}, source=source)
     return ConnectorConfig(name, raw, settings, (SinkSpec("", cls, _parse_sink(cls, resolved, source, "", skip)),))
 
 
@@ -233,7 +284,7 @@ def load_connector_file(path: str | Path, *, resolve: bool = True) -> ConnectorC
         raise ConfigError('must be a JSON object {"name": ..., "config": {...}}', source=str(p))
     if "config" not in doc:
         raise ConfigError("'config' is required: {\"name\": ..., \"config\": {...}}", key="config", source=str(p))
-    return parse_connector(doc.get("name"), doc["config"], source=str(p), resolve=resolve)
+    return parse_connector(doc.get("name"), doc["config"], source=str(p), resolve=resolve, check_clients=True)
 
 
 def _looks_secret(key: str) -> bool:

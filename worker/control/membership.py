@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -33,13 +34,19 @@ class TopicPartitions:
         self._config: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap, **kafka}
         self._admin: Any = None
 
-    def __call__(self, topics: list[str]) -> set[TopicPartition]:
+    def __call__(self, topics: list[str], regex: str = "") -> set[TopicPartition]:
+        """The partitions of ``topics``, or of every topic whose whole name matches ``regex`` (as Connect's
+        ``topics.regex``; Kafka's internal ``__`` topics never match): asked anew at every assignment
+        round, so a topic created later is picked up without a restart."""
         from confluent_kafka.admin import AdminClient
 
         if self._admin is None:
             self._admin = AdminClient(self._config)
         md = self._admin.list_topics(timeout=10)
         out: set[TopicPartition] = set()
+        if regex:
+            pattern = re.compile(regex)
+            topics = sorted(t for t in md.topics if not t.startswith("__") and pattern.fullmatch(t))
         for t in topics:
             tmd = md.topics.get(t)
             if tmd is None or tmd.error is not None:
@@ -51,7 +58,7 @@ class TopicPartitions:
 class Membership:
     """One worker's place in the cluster: its znodes, the election, and the assignment it reads (or, leading, writes)."""
 
-    def __init__(self, session: ZkSession, worker_id: str, partitions: Callable[[list[str]], set[TopicPartition]]) -> None:
+    def __init__(self, session: ZkSession, worker_id: str, partitions: TopicPartitions) -> None:
         self.session = session
         self.worker_id = worker_id
         self._partitions = partitions
@@ -112,7 +119,7 @@ class Membership:
                 previous[w] = from_json(json.loads(zk.get(paths.assignment(root, w))[0]))
             except (NoNodeError, ValueError):
                 continue
-        partitions = {name: sorted(self._partitions(cfg.topics)) for name, cfg in wanted.items()}
+        partitions = {name: sorted(self._partitions(cfg.topics, cfg.topics_regex)) for name, cfg in wanted.items()}
         result = assign(partitions, {n: c.settings["tasks.max"] for n, c in wanted.items()}, workers, previous)
         for w, conns in result.items():
             doc = json.dumps(to_json(conns), sort_keys=True).encode()

@@ -155,7 +155,7 @@ def registration_error(name: Any, config: Mapping[str, Any], plugin: Plugin | No
     if plugin is not None:
         cfg.setdefault("connector.class", plugin.alias if plugin.cls is None or plugin.alias in ALIASES else plugin.class_name)
     try:
-        parsed = parse_connector(name, cfg, resolve=False)
+        parsed = parse_connector(name, cfg, resolve=False, check_clients=True)
         if not any(isinstance(v, str) and _REF.search(v) for v in parsed.raw.values()):
             parsed.create_sinks()  # constructors check cross-key rules; they connect to nothing
     except ConfigError as exc:

@@ -257,6 +257,7 @@ class Worker:
         restart_seen, _ = store.restart_request(cfg.name)  # requests made before this start are served by it
         source = KafkaSource(
             cfg.name, self.options.bootstrap, value_converter=cfg.value_converter, reset=s["consumer.auto.offset.reset"],
+            key_converter=cfg.key_converter, schemas_enable=s["value.converter.schemas.enable"],
             overrides={**self.options.kafka,
                        **{k[len("consumer.override."):]: v for k, v in cfg.raw.items() if k.startswith("consumer.override.")}},
             tolerate=tolerate,

@@ -84,6 +84,31 @@ def _bytes(raw: bytes | None) -> Any:
 
 CONVERTERS: dict[str, Callable[[bytes | None], Any]] = {"json": _json, "string": _string, "bytes": _bytes}
 
+
+def _unwrap_envelope(raw: bytes | None) -> Any:
+    """JSON with ``schemas.enable=true``: Kafka Connect's ``{"schema": ..., "payload": ...}`` envelope,
+    whose payload is the value (the schema is Connect's to describe it; sinks map JSON types themselves)."""
+    doc = _json(raw)
+    if doc is None:
+        return None
+    if type(doc) is not dict or "payload" not in doc or "schema" not in doc:
+        raise ValueError("not Kafka Connect's {\"schema\": ..., \"payload\": ...} envelope, which "
+                         "value.converter.schemas.enable=true expects")
+    return doc["payload"]
+
+
+def converter(name: str, *, schemas_enable: bool = False) -> Callable[[bytes | None], Any]:
+    """The decode function of a converter alias (``json``, ``string``, ``bytes``)."""
+    if schemas_enable and name == "json":
+        return _unwrap_envelope
+    return CONVERTERS[name]
+
+
+#: What a connector's consumer overrides may not change: these keep read_committed delivery and the
+#: decision log's ownership of offsets (registration refuses them too; this is the second line).
+PINNED = {"isolation.level": "read_committed", "enable.auto.commit": False, "enable.auto.offset.store": False,
+          "enable.partition.eof": False}
+
 _gc_lock = threading.Lock()
 _gc_holders = 0
 _gc_disabled_here = False
@@ -160,6 +185,8 @@ class KafkaSource:
         overrides: Mapping[str, Any] | None = None,
         fetch_batch: int = 10_000,
         tolerate: bool = False,
+        key_converter: str = "bytes",
+        schemas_enable: bool = False,
     ) -> None:
         from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer
 
@@ -184,12 +211,19 @@ class KafkaSource:
             "fetch.queue.backoff.ms": 20,
         }
         conf.update(overrides or {})
+        conf.update(PINNED)
         self.consumer = Consumer(conf)
         try:
-            self.decode = CONVERTERS[value_converter]
+            self.decode = converter(value_converter, schemas_enable=schemas_enable)
             self.converter = value_converter
+            #: Keys are decoded only when asked (bytes: the key as it was on the topic).
+            self.decode_key = None if key_converter == "bytes" else converter(key_converter)
+            self.key_converter = key_converter
         except KeyError:
-            raise FatalError(f"unknown value.converter {value_converter!r}; one of {', '.join(CONVERTERS)}") from None
+            raise FatalError(f"unknown converter {value_converter!r}/{key_converter!r}; one of {', '.join(CONVERTERS)}",
+                             component="config") from None
+        #: The raw value is handed on only when it is the decoded value's own encoding (sinks then copy it).
+        self.keep_raw = not schemas_enable
         self.fetch_batch = fetch_batch
         # No decision yet: start where the reset policy says - never at the group's committed offset, which
         # is only a best-effort copy for Kafka tooling and may be stale (e.g. after the offsets were reset).
@@ -241,7 +275,7 @@ class KafkaSource:
         batch = Batch()
         out = batch.records
         append = out.append
-        decode = self.decode
+        decode, decode_key, keep_raw = self.decode, self.decode_key, self.keep_raw
         deadline = time.monotonic() + timeout_s
         nbytes = 0
         while len(out) < max_records and nbytes < max_bytes and len(batch.failed) < MAX_FAILED_PER_BATCH:
@@ -266,11 +300,16 @@ class KafkaSource:
                         raise FatalError(f"consumer error: {err}", component="kafka-consumer")
                     raise RetryableError(f"consumer error: {err}", component="kafka-consumer")
                 raw = m.value()
+                key = m.key()
+                what = "value"
                 try:
                     value = decode(raw)
+                    if decode_key is not None:
+                        what = "key"
+                        key = decode_key(key)
                 except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
                     error = RecordError(
-                        f"value cannot be decoded as {self.converter}: {exc}",
+                        f"{what} cannot be decoded as {self.converter if what == 'value' else self.key_converter}: {exc}",
                         topic=m.topic(), partition=m.partition(), offset=m.offset(), component="converter",
                     )
                     if self.tolerate:
@@ -287,7 +326,7 @@ class KafkaSource:
                     return batch
                 headers = m.headers()
                 append(
-                    SinkRecord(m.topic(), m.partition(), m.offset(), m.key(), value, raw,
+                    SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw if keep_raw else None,
                                tuple(headers) if headers else (), m.timestamp()[1])
                 )
                 if raw is not None:
