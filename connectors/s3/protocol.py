@@ -7,16 +7,19 @@ Layout in the bucket under ``s3.prefix`` (``P``; keys start at the bucket root w
     P/__epochs__/<connector>/<topic>-<partition>                       highest epoch committed there
 
 **prepare** = CreateMultipartUpload at each partition's *final* key + UploadPart(s), in parallel
-(parts of ``s3.part.size``, >= 5 MiB but the last); nothing is visible, whatever size. Then one
-small object, the txn's ``.json``: its manifest, and per object the upload id and part ETags.
+(parts of ``s3.part.size``, >= 5 MiB but the last); nothing is visible, whatever size. Alongside
+the parts, one small object, the txn's ``.json``: its manifest and per object the upload id.
 **commit** = CompleteMultipartUpload per object: S3 makes each object appear whole, at once.
 **abort** = AbortMultipartUpload. **recover** = the ``.json`` objects under the connector's
 ``__pending__/`` plus ListMultipartUploads under its data prefix (which uploads are still open).
 
-**Why the ``.json`` last.** A prepare that dies halfway leaves uploads without one: a txn is
-prepared exactly when its ``.json`` exists, so :meth:`MultipartTxns.recover` never lists a
-half-uploaded batch (the engine decides only after ``pre_commit`` returned). Uploads that no
-``.json`` names are aborted by ``recover`` once they are :data:`ORPHAN_AGE_S` old (younger ones
+**Why the ``.json`` alongside the parts, not after them.** It costs no round trip of its own
+(it goes up as soon as the creates answered), and listing a half-uploaded txn is harmless: the
+engine decides a txn only after ``pre_commit`` returned, so ``recover`` may list one whose parts
+were still uploading when its worker died, and no decision names it: the engine aborts it. A
+commit therefore only ever sees whole uploads; an instance that did not prepare the txn reads
+the parts' ETags back with ListParts. A prepare that dies before its ``.json`` leaves uploads no
+``.json`` names: ``recover`` aborts those once they are :data:`ORPHAN_AGE_S` old (younger ones
 may be a live prepare of another task of the same connector).
 
 **Why deterministic final keys.** The key is derived from the offsets alone, so a batch
@@ -85,7 +88,7 @@ class Staged:
 
     key: str
     upload_id: str
-    parts: tuple[tuple[int, str], ...]  # (PartNumber, ETag)
+    parts: tuple[tuple[int, str], ...]  # (PartNumber, ETag); empty as read from the .json
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +169,7 @@ class MultipartTxns:
     def prepare(self, manifest: TxnManifest, groups: dict[tuple[str, int], list[SinkRecord]],
                 encode: Callable[[list[SinkRecord]], bytes], ext: str) -> None:
         """Creates first (they need no body), then each object's parts as soon as it is encoded;
-        the fence's LIST runs alongside. The ``.json`` goes up once all of it is in."""
+        the fence's LIST and the txn's ``.json`` (once the creates answered) run alongside."""
         t0 = time.perf_counter()
         txn = manifest.txn_id
         meta = {"eosink-txn": quote(txn, safe=""), "eosink-connector": self.layout.connector}
@@ -177,6 +180,7 @@ class MultipartTxns:
         fence = self._small.submit(self._fence, manifest)
         creates = [self._data.submit(self._create, key, {**meta, "eosink-epoch": str(r.epoch)}, ctype)
                    for key, r in zip(keys, manifest.ranges)]
+        record = self._small.submit(self._put_record, manifest, ext, keys, creates)
         parts: list[list[Future[tuple[int, str]]]] = []
         encode_s = 0.0
         try:
@@ -193,25 +197,32 @@ class MultipartTxns:
                     parts.append([self._data.submit(self._upload_part, key, create, i + 1,
                                                     body if n == 1 else body[i * ps:(i + 1) * ps]) for i in range(n)])
             finally:
-                wait([fence, *creates, *(f for ps_ in parts for f in ps_)])  # nothing in flight past here
+                wait([fence, record, *creates, *(f for ps_ in parts for f in ps_)])  # nothing in flight past here
             _settle([fence])
             ids = _settle(creates)
             staged = tuple(Staged(key, uid, tuple(_settle(ps_))) for key, uid, ps_ in zip(keys, ids, parts))
+            _settle([record])
             prepared = Prepared(manifest, ext, staged)
-            # Last: from here on the txn is prepared (recover lists it).
-            pkey = self.layout.pending_key(txn)
-            self.bucket.call("put_object", pkey, Key=pkey, Body=prepared.to_json(), ContentType="application/json")
         except BaseException:
-            # A zombie, a bad record or a failed request leaves no upload behind (one that cannot be
-            # aborted now is an orphan that recover collects).
+            # A zombie, a bad record or a failed request leaves nothing behind: the uploads aborted,
+            # then the .json deleted (a crash in between leaves a txn recover lists and the engine
+            # aborts; an upload that cannot be aborted now is an orphan that recover collects).
             created = [(key, f.result()) for key, f in zip(keys, creates) if f.done() and f.exception() is None]
             try:
                 self._parallel(lambda ku: self._abort_upload(*ku), created)
+                if record.exception() is None:
+                    self.bucket.delete([self.layout.pending_key(txn)])
             except EosinkError:
                 pass
             raise
         self._prepared[txn] = prepared
         self.timings = CycleTimings(encode_ms=encode_s * 1000, prepare_ms=(time.perf_counter() - t0) * 1000)
+
+    def _put_record(self, manifest: TxnManifest, ext: str, keys: list[str], creates: list[Future[str]]) -> None:
+        ids = [f.result() for f in creates]  # the creates run first on the data threads
+        record = Prepared(manifest, ext, tuple(Staged(key, uid, ()) for key, uid in zip(keys, ids)))
+        pkey = self.layout.pending_key(manifest.txn_id)
+        self.bucket.call("put_object", pkey, Key=pkey, Body=record.to_json(), ContentType="application/json")
 
     def _create(self, key: str, metadata: dict[str, str], ctype: str) -> str:
         return str(self.bucket.call("create_multipart_upload", key, Key=key, Metadata=metadata,
@@ -289,11 +300,28 @@ class MultipartTxns:
 
     def _complete(self, txn_id: str, s: Staged) -> Staged | None:
         """Complete one upload; None when the object is (now or already) this txn's, ``s`` when lost."""
-        parts = {"Parts": [{"PartNumber": n, "ETag": etag} for n, etag in s.parts]}
+        listed = s.parts or self._list_parts(s)
+        if listed is None:  # the upload is gone
+            return None if self._written_by(txn_id, s.key) else s
+        parts = {"Parts": [{"PartNumber": n, "ETag": etag} for n, etag in listed]}
         if self.bucket.call("complete_multipart_upload", s.key, Key=s.key, UploadId=s.upload_id, MultipartUpload=parts,
                             none_on=MISSING) is not None:
             return None
         return None if self._written_by(txn_id, s.key) else s
+
+    def _list_parts(self, s: Staged) -> tuple[tuple[int, str], ...] | None:
+        """The upload's parts as S3 has them (for a txn another instance prepared); None when gone."""
+        out: list[tuple[int, str]] = []
+        marker = 0
+        while True:
+            page = self.bucket.call("list_parts", s.key, Key=s.key, UploadId=s.upload_id, PartNumberMarker=marker,
+                                    none_on=MISSING)
+            if page is None:
+                return None
+            out += [(int(p["PartNumber"]), str(p["ETag"])) for p in page.get("Parts", [])]
+            if not page.get("IsTruncated"):
+                return tuple(out)
+            marker = int(page["NextPartNumberMarker"])
 
     def _written_by(self, txn_id: str, key: str) -> bool:
         head = self.bucket.call("head_object", key, Key=key, none_on=MISSING)
