@@ -4,9 +4,9 @@ A record's JSON is written as the bytes it had on the topic when it is an object
 decode and re-encode: most of a sink's CPU time otherwise), and as compact JSON otherwise.
 Those bytes may hold line breaks - a producer that pretty-prints - and a line break inside a
 record splits it over several lines that no JSON Lines reader can parse. Values holding a
-newline byte are therefore re-encoded compactly; every other value stays a copy. The check
-is one count of newlines over the finished body, so the common case pays a memchr, not a
-Python step per record.
+newline byte are therefore re-encoded compactly; every other value stays a copy. The check is
+a memchr over the values joined (``values``) or one ``in`` per record inside a loop that runs
+anyway (``envelopes``): the common case pays almost nothing.
 """
 
 from __future__ import annotations
@@ -32,11 +32,6 @@ def one_line(doc: bytes) -> bytes:
     return json.dumps(json.loads(doc), separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def value_json(r: SinkRecord, component: str) -> bytes:
-    """The record's value as one JSON document on one line (RecordError for raw bytes)."""
-    return one_line(json_document(r, component=component, needs=NEEDS_JSON))
-
-
 def values(records: Sequence[SinkRecord], component: str) -> bytes:
     """Each record's value JSON, newline-terminated: the body S3 writes for ``format=jsonl``."""
     # The usual batch - JSON objects or arrays, each with its bytes from the topic - is checked and
@@ -44,11 +39,10 @@ def values(records: Sequence[SinkRecord], component: str) -> bytes:
     lines = list(map(_raw_value, records))
     if None in lines or not all(map(isinstance, map(_value, records), itertools.repeat(_CONTAINERS))):
         lines = [json_document(r, component=component, needs=NEEDS_JSON) for r in records]
+    if b"\n" in b"".join(lines):  # pretty-printed JSON on the topic: keep one record per line (a join
+        lines = list(map(one_line, lines))  # and a memchr cost a fifth of counting the newlines)
     lines.append(b"")  # the last line's newline, without copying the whole body once more
-    data = b"\n".join(lines)
-    if data.count(b"\n") != len(records):  # pretty-printed JSON on the topic: keep one record per line
-        data = b"\n".join([*map(one_line, lines[:-1]), b""])
-    return data
+    return b"\n".join(lines)
 
 
 def envelopes(records: Sequence[SinkRecord], component: str) -> bytes:
@@ -64,26 +58,22 @@ def envelopes(records: Sequence[SinkRecord], component: str) -> bytes:
     topics: dict[str, tuple[bytes, bytes]] = {}
     out: list[bytes] = []
     append = out.append
+    # ``10 in raw`` (an int: one memchr) is seven times quicker than ``b"\n" in raw`` on short values.
+    containers, nl = _CONTAINERS, ord("\n")
     for r in records:
         t = topics.get(r.topic)
         if t is None:
             quoted = esc(r.topic).encode()
             t = topics[r.topic] = (quoted, quoted[1:-1])
         key = b"null" if r.key is None else esc(r.key.decode("utf-8", "replace")).encode()
-        raw = r.raw_value
-        value = raw if raw and isinstance(r.value, _CONTAINERS) else json_document(r, component=component, needs=NEEDS_JSON)
+        value = r.raw_value
+        if not (value and isinstance(r.value, containers)):  # compact JSON never holds a raw line break
+            value = json_document(r, component=component, needs=NEEDS_JSON)
+        elif nl in value:
+            value = one_line(value)
         if r.headers:
             append(line % (t[0], r.partition, r.offset, key, esc(r.record_id).encode(), value))
         else:
             p, o = r.partition, r.offset
             append(line_tpo % (t[0], p, o, key, t[1], p, o, value))
-    data = b"".join(out)
-    if data.count(b"\n") != len(records):  # a value held a line break: encode again, those values on one line
-        out = []
-        append = out.append
-        for r in records:
-            key = b"null" if r.key is None else esc(r.key.decode("utf-8", "replace")).encode()
-            append(line % (esc(r.topic).encode(), r.partition, r.offset, key, esc(r.record_id).encode(),
-                           value_json(r, component)))
-        data = b"".join(out)
-    return data
+    return b"".join(out)
