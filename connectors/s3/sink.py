@@ -19,6 +19,7 @@ from eosink.connectors.api.config import ConfigDef, Importance, Type, at_least, 
 from eosink.connectors.api.errors import FatalError
 from eosink.connectors.api.records import PartitionRange, SinkRecord, TxnManifest
 from eosink.connectors.api.sink import BatchingSink
+from eosink.connectors.common import heap
 from eosink.connectors.s3.client import Bucket, code_of, make_client, status_of
 from eosink.connectors.s3.encoding import ENCODERS
 from eosink.connectors.s3.protocol import BOOKKEEPING_THREADS, MIB, CycleTimings, Layout, MultipartTxns
@@ -74,6 +75,7 @@ class S3Sink(BatchingSink):
         self._bucket = Bucket(client, self.bucket_name, c["s3.endpoint.url"])
         self._txns = MultipartTxns(self._bucket, self.layout, part_size=int(c["s3.part.size"]), concurrency=conc)
         self._check_bucket(self._bucket)
+        heap.keep_freed_memory()  # each cycle's object bodies reuse the last cycle's pages
 
     def _check_bucket(self, bucket: Bucket) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
