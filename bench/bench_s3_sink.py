@@ -182,8 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print()
     print(f"per cycle of {args.batch:,} records (medians of {len(cycles)}): sink cycle {med('cycle'):.0f} ms = "
-          f"prepare {med('prepare'):.0f} ms (creates, parts, fence reads, encoding {med('encode'):.0f} ms overlapped "
-          f"with uploads, the txn's .json) + commit {med('commit'):.0f} ms (completes, epoch raises); raw puts "
+          f"prepare {med('prepare'):.0f} ms (encoding {med('encode'):.0f} ms while the creates run, parts, fence "
+          f"reads, the txn's .json) + commit {med('commit'):.0f} ms (completes, epoch raises); raw puts "
           f"{med('raw'):.0f} ms; multipart pre-encoded {med('floor'):.0f} ms")
     print(f"2PC overhead per cycle: {med('cycle') - med('raw'):.0f} ms (sink cycle - raw puts of the same bytes); "
           f"median per-cycle ratio {statistics.median(ratios):.0%}")
