@@ -23,12 +23,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from eosink.connectors.common import jsonlines
-from eosink.connectors.common.durable import fsync_dir as _fsync_dir
 from eosink.connectors.api.config import ConfigDef, Importance, Type, non_empty, one_of
 from eosink.connectors.api.errors import FencedError, RetryableError
 from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
 from eosink.connectors.api.sink import BatchingSink
+from eosink.connectors.common import jsonlines
+from eosink.connectors.common.durable import fsync_dir as _fsync_dir
 
 _DATA = ".jsonl"
 _MANIFEST = ".manifest.json"

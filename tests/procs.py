@@ -140,7 +140,7 @@ class PrivateMinio:
 
         return {"endpoint_url": self.url, **CREDENTIALS}
 
-    def start(self) -> "PrivateMinio":
+    def start(self) -> PrivateMinio:
         from eosink.worker.stack.components import s3
 
         argv = s3.server_argv(s3.binary(), self.data_dir, self.port, self.console_port)

@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from eosink.connectors.api.errors import ConfigError
-from eosink.connectors.filesystem import FilesystemSink
 from eosink.connectors.api.records import SinkRecord
+from eosink.connectors.filesystem import FilesystemSink
 from tests.sinkkit import prepare
 
 

@@ -20,16 +20,16 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from eosink.connectors.s3 import protocol as s3protocol
 from eosink.connectors.api.config import MASK
 from eosink.connectors.api.errors import ConfigError, FatalError, FencedError, RecordError, RetryableError
 from eosink.connectors.api.records import SinkRecord, TopicPartition
+from eosink.connectors.s3 import protocol as s3protocol
 from eosink.connectors.s3.sink import S3Sink
+from eosink.worker.engine.decision import MemoryDecisionLog
+from eosink.worker.engine.task import CycleOutcome, SinkTask, TaskSettings, TaskState
+from eosink.worker.stack import Endpoints
 from tests.fakes import ListSource
 from tests.sinkkit import prepare, records
-from eosink.worker.engine.decision import MemoryDecisionLog
-from eosink.worker.stack import Endpoints
-from eosink.worker.engine.task import CycleOutcome, SinkTask, TaskSettings, TaskState
 
 MakeSink = Callable[..., S3Sink]
 

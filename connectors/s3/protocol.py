@@ -200,7 +200,8 @@ class MultipartTxns:
                     parts.append([self._data.submit(self._upload_part, key, create, i + 1,
                                                     body if n == 1 else body[i * ps:(i + 1) * ps]) for i in range(n)])
             finally:
-                wait([fence, record, *creates, *(f for ps_ in parts for f in ps_)])  # nothing in flight past here
+                inflight: list[Future[Any]] = [fence, record, *creates, *(f for ps_ in parts for f in ps_)]
+                wait(inflight)  # nothing in flight past here
             _settle([fence])
             ids = _settle(creates)
             staged = tuple(Staged(key, uid, tuple(_settle(ps_))) for key, uid, ps_ in zip(keys, ids, parts))
@@ -290,7 +291,8 @@ class MultipartTxns:
         txn = prepared.manifest.txn_id
         epochs = [self._small.submit(self._raise_epoch, r.tp, r.epoch) for r in prepared.manifest.ranges]
         completes = [self._data.submit(self._complete, txn, s) for s in prepared.staged]
-        wait([*completes, *epochs])
+        inflight: list[Future[Any]] = [*completes, *epochs]
+        wait(inflight)
         lost = [s for s in _settle(completes) if s is not None]
         if lost:
             s = lost[0]
