@@ -1,22 +1,22 @@
 """Benchmark: the S3 sink's full 2PC cycle against raw ``put_object`` of the same bytes.
 
-Measured in one run, against one S3 endpoint (the local stack's moto by default), on ~200-byte
+Measured in one run, against one S3 endpoint (the local stack's MinIO by default), on ~200-byte
 JSON records spread over ``--partitions`` partitions, ``--batch`` records per cycle (what one
 commit.interval.ms=1000 cycle holds at the target rate):
 
 (a) raw put_object (the ceiling) - the JSON Lines bytes of every (cycle, partition), encoded
     beforehand, put at the same final keys with the same concurrency as the sink: the least
     any writer of this object layout does.
-(b) put + copy (the protocol's floor) - the same pre-encoded bytes put at pending keys, then
-    copied to the final keys, with the same concurrency: the data requests any prepare-then-copy
-    commit makes (the S3 sink's protocol), without encoding and without bookkeeping requests.
+(b) multipart, pre-encoded (the protocol's floor) - per object CreateMultipartUpload, UploadPart
+    and CompleteMultipartUpload of the same pre-encoded bytes, with the same concurrency: the data
+    requests the sink's two phases make, without encoding and without bookkeeping requests.
 (c) the sink - begin_transaction / write / pre_commit / commit per cycle: encoding, epoch reads,
-    pending uploads, manifest, copies to the final keys, commit marker, cleanup all included.
+    creates, parts, the txn's .json, completes, epoch raises and cleanup all included.
 
-moto is a development server (~150 small puts/s, ~80 MB/s), so absolute figures mean little;
-the ratio does. The two modes alternate cycle by cycle, so both see the same load on a shared
-machine; the best of ``--rounds`` rounds of each counts, and the median per-cycle ratio is
-printed too. Record generation and the ceiling's encoding are outside every timing.
+The machine is shared (2 cores, MinIO on them too), so absolute figures mean little; the ratio
+does. The modes alternate cycle by cycle, so all see the same load; the best of ``--rounds``
+rounds of each counts, and the median per-cycle ratio is printed too. Record generation and the
+ceiling's encoding are outside every timing.
 
     python bench/bench_s3_sink.py [--records 200000] [--batch 50000] [--format jsonl|parquet]
 """
@@ -43,8 +43,11 @@ from botocore.config import Config  # noqa: E402
 
 from bench._data import make_records  # noqa: E402
 from eosink.connectors.api.records import SinkRecord, TxnManifest  # noqa: E402
-from eosink.connectors.s3.sink import ENCODERS, S3Sink  # noqa: E402
+from eosink.connectors.s3 import S3Sink  # noqa: E402
+from eosink.connectors.s3.encoding import ENCODERS  # noqa: E402
 
+#: The sink's goal: at least this share of raw put_object throughput of the same bytes.
+TARGET = 0.70
 
 
 def raw_cycle(pool: ThreadPoolExecutor, client: Any, bucket: str, objects: list[tuple[str, bytes]]) -> float:
@@ -54,12 +57,17 @@ def raw_cycle(pool: ThreadPoolExecutor, client: Any, bucket: str, objects: list[
     return time.perf_counter() - t0
 
 
-def put_copy_cycle(pool: ThreadPoolExecutor, client: Any, bucket: str, objects: list[tuple[str, bytes]]) -> float:
-    """Seconds to put one cycle's objects at pending keys and then copy them to their final keys."""
+def multipart_cycle(pool: ThreadPoolExecutor, client: Any, bucket: str, objects: list[tuple[str, bytes]]) -> float:
+    """Seconds to write one cycle's objects as one-part multipart uploads (create, part, complete)."""
+    def one(kv: tuple[str, bytes]) -> None:
+        key = "floor/" + kv[0]
+        uid = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        etag = client.upload_part(Bucket=bucket, Key=key, UploadId=uid, PartNumber=1, Body=kv[1])["ETag"]
+        client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=uid,
+                                         MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]})
+
     t0 = time.perf_counter()
-    list(pool.map(lambda kv: client.put_object(Bucket=bucket, Key="floor-pending/" + kv[0], Body=kv[1]), objects))
-    list(pool.map(lambda kv: client.copy_object(Bucket=bucket, Key="floor/" + kv[0],
-                                                CopySource={"Bucket": bucket, "Key": "floor-pending/" + kv[0]}), objects))
+    list(pool.map(one, objects))
     return time.perf_counter() - t0
 
 
@@ -75,7 +83,7 @@ def sink_cycle(sink: S3Sink, part: Sequence[SinkRecord], m: TxnManifest) -> dict
 
 
 def empty(client: Any, bucket: str) -> None:
-    """moto keeps every object in memory: start each round from an empty bucket."""
+    """Start each round from an empty bucket (listings stay short, the disk does not fill)."""
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
         objs = [{"Key": o["Key"]} for o in page.get("Contents", [])]
         if objs:
@@ -90,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--format", choices=sorted(ENCODERS), default="jsonl")
     ap.add_argument("--concurrency", type=int, default=4, help="requests in flight (sink: s3.max.concurrency)")
-    ap.add_argument("--endpoint-url", default=None, help="S3 endpoint (default: the local stack's moto)")
+    ap.add_argument("--endpoint-url", default=None, help="S3 endpoint (default: the local stack's MinIO)")
     args = ap.parse_args(argv)
     if args.endpoint_url:
         conn: dict[str, Any] = {"endpoint_url": args.endpoint_url}
@@ -140,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             for i, (part, objs) in enumerate(zip(parts, raw_objects)):
                 r = raw_cycle(pool, client, bucket, objs)
-                f = put_copy_cycle(pool, client, bucket, objs)
+                f = multipart_cycle(pool, client, bucket, objs)
                 c = sink_cycle(sink, part, TxnManifest.covering(f"{connector}.w.1.{i + 1}", connector, part, 1))
                 raw_t, floor_t, sink_t = raw_t + r, floor_t + f, sink_t + c["cycle"] / 1000
                 c["raw"], c["floor"] = r * 1000, f * 1000
@@ -163,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw_rate, floor_rate, sink_rate = n / min(raw_s), n / min(floor_s), n / min(sink_s)
     print()
     print(f"{'mode':40s} {'records/s':>11s} {'MB/s':>7s} {'vs ceiling':>11s}   rounds (records/s)")
-    for name, secs in (("raw put_object (ceiling)", raw_s), ("put + copy, pre-encoded (protocol floor)", floor_s),
+    for name, secs in (("raw put_object (ceiling)", raw_s), ("multipart, pre-encoded (protocol floor)", floor_s),
                        (f"eosink S3Sink {args.format}, 2PC cycle", sink_s)):
         rate = n / min(secs)
         print(f"{name:40s} {rate:>11,.0f} {nbytes / min(secs) / 1e6:>7.1f} {rate / raw_rate:>10.0%}   "
@@ -174,14 +182,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print()
     print(f"per cycle of {args.batch:,} records (medians of {len(cycles)}): sink cycle {med('cycle'):.0f} ms = "
-          f"prepare {med('prepare'):.0f} ms (fence reads, encoding {med('encode'):.0f} ms overlapped with uploads, manifest) "
-          f"+ commit {med('commit'):.0f} ms (copies, marker, cleanup); raw puts {med('raw'):.0f} ms; "
-          f"put + copy {med('floor'):.0f} ms")
+          f"prepare {med('prepare'):.0f} ms (encoding {med('encode'):.0f} ms while the creates run, parts, fence "
+          f"reads, the txn's .json) + commit {med('commit'):.0f} ms (completes, epoch raises); raw puts "
+          f"{med('raw'):.0f} ms; multipart pre-encoded {med('floor'):.0f} ms")
     print(f"2PC overhead per cycle: {med('cycle') - med('raw'):.0f} ms (sink cycle - raw puts of the same bytes); "
           f"median per-cycle ratio {statistics.median(ratios):.0%}")
     print(f"the sink reaches {sink_rate / floor_rate:.0%} of the protocol floor, which itself reaches "
           f"{floor_rate / raw_rate:.0%} of the ceiling on this endpoint")
-    print(f"target >= 50% of the ceiling: {'met' if sink_rate >= 0.5 * raw_rate else 'MISSED'} ({sink_rate / raw_rate:.0%} best rounds)")
+    print(f"target >= {TARGET:.0%} of the ceiling: {'met' if sink_rate >= TARGET * raw_rate else 'MISSED'} "
+          f"({sink_rate / raw_rate:.0%} best rounds)")
     empty(client, bucket)
     client.delete_bucket(Bucket=bucket)
     return 0

@@ -10,7 +10,9 @@ Layout under ``file.path``/<connector>/::
 ``commit`` is one ``rename(2)`` of the data file (atomic on POSIX) followed by an fsync of the
 directory, so a crash leaves a batch either prepared or committed, never both and never half.
 Each line: ``{"topic","partition","offset","key","id","value"}`` with ``value`` the record's
-JSON as it was on the topic (not re-encoded), so ``jq`` reads it and the sink stays fast.
+JSON as it was on the topic (not re-encoded; on one line even when the topic's JSON was
+pretty-printed: see :mod:`eosink.connectors.common.jsonlines`), so ``jq`` reads it and the sink
+stays fast.
 """
 
 from __future__ import annotations
@@ -18,15 +20,15 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping
-from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
-from eosink.connectors.common.durable import fsync_dir as _fsync_dir
 from eosink.connectors.api.config import ConfigDef, Importance, Type, non_empty, one_of
 from eosink.connectors.api.errors import FencedError, RetryableError
 from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
 from eosink.connectors.api.sink import BatchingSink
+from eosink.connectors.common import jsonlines
+from eosink.connectors.common.durable import fsync_dir as _fsync_dir
 
 _DATA = ".jsonl"
 _MANIFEST = ".manifest.json"
@@ -118,31 +120,7 @@ class FilesystemSink(BatchingSink):
 
     @staticmethod
     def _encode_jsonl(records: list[SinkRecord]) -> bytes:
-        # ``json.dumps(a_str)`` is exactly ``encode_basestring_ascii(a_str)`` (its default
-        # ensure_ascii path): calling the C escaper directly skips the encoder's Python frames.
-        esc = encode_basestring_ascii
-        dumps = json.dumps
-        containers = (dict, list)
-        line = b'{"topic":%s,"partition":%d,"offset":%d,"key":%s,"id":%s,"value":%s}\n'
-        # Without headers the id is "topic/partition/offset": '/' and digits need no escaping,
-        # so its JSON is the escaped topic between the same quotes.
-        line_tpo = b'{"topic":%s,"partition":%d,"offset":%d,"key":%s,"id":"%s/%d/%d","value":%s}\n'
-        topics: dict[str, tuple[bytes, bytes]] = {}
-        out: list[bytes] = []
-        append = out.append
-        for r in records:
-            t = topics.get(r.topic)
-            if t is None:
-                quoted = esc(r.topic).encode()
-                t = topics[r.topic] = (quoted, quoted[1:-1])
-            key = b"null" if r.key is None else esc(r.key.decode("utf-8", "replace")).encode()
-            value = r.raw_value if isinstance(r.value, containers) and r.raw_value else dumps(r.value).encode()
-            if r.headers:
-                append(line % (t[0], r.partition, r.offset, key, esc(r.record_id).encode(), value))
-            else:
-                p, o = r.partition, r.offset
-                append(line_tpo % (t[0], p, o, key, t[1], p, o, value))
-        return b"".join(out)
+        return jsonlines.envelopes(records, "filesystem")
 
     def _epoch_path(self, tp: TopicPartition) -> Path:
         return self.epochs_dir / f"{tp.topic}-{tp.partition}"

@@ -120,21 +120,19 @@ def register(zk_hosts: str, cluster: str, name: str, config: dict) -> None:
         session.stop()
 
 
-class RecordingMoto:
-    """moto's S3 server with its request recorder on, so that a restart keeps the data.
+class PrivateMinio:
+    """A MinIO of its own (port, data directory) for a test that kills it: never the stack's.
 
-    moto keeps objects in memory: killing it is a wipe. With ``MOTO_ENABLE_RECORDING`` it appends
-    every request to a log before serving it, and ``start()`` after a kill replays that log into the
-    new process (``/moto-api/recorder/replay-recording``), the way a server rebuilds its state from
-    a write-ahead log. Slow for large bodies (each is logged base64), so only the restart tests use it.
+    ``kill()`` is a SIGKILL; ``start()`` again serves the same data directory, as a server
+    restarted after a crash does. Uses the stack's binary and credentials.
     """
 
     def __init__(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.data_dir = directory / "data"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.port, self.console_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.recording = directory / "moto-recording.jsonl"
-        self.log_path = directory / "moto.log"
+        self.log_path = directory / "minio.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def endpoint(self) -> dict[str, str]:
@@ -142,30 +140,28 @@ class RecordingMoto:
 
         return {"endpoint_url": self.url, **CREDENTIALS}
 
-    def start(self) -> "RecordingMoto":
-        import urllib.request
+    def start(self) -> PrivateMinio:
+        from eosink.worker.stack.components import s3
 
-        env = {**os.environ, "MOTO_ENABLE_RECORDING": "True", "MOTO_RECORDER_FILEPATH": str(self.recording)}
+        argv = s3.server_argv(s3.binary(), self.data_dir, self.port, self.console_port)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                         env=env, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(argv, env=s3.server_env(), stdout=log, stderr=subprocess.STDOUT)
 
         def up() -> bool:
+            import urllib.request
+
             try:
-                urllib.request.urlopen(f"{self.url}/moto-api/data.json", timeout=2).read()
+                urllib.request.urlopen(f"{self.url}/minio/health/ready", timeout=2).read()
                 return True
             except OSError:
-                assert self.proc is not None and self.proc.poll() is None, f"moto exited; see {self.log_path}"
+                assert self.proc is not None and self.proc.poll() is None, f"minio exited; see {self.log_path}"
                 return False
 
-        wait_until(up, 30, f"moto on {self.url} (log {self.log_path})", interval=0.1)
-        if self.recording.exists() and self.recording.stat().st_size:
-            req = urllib.request.Request(f"{self.url}/moto-api/recorder/replay-recording", method="POST", data=b"")
-            urllib.request.urlopen(req, timeout=60).read()
+        wait_until(up, 60, f"minio on {self.url} (log {self.log_path})", interval=0.1)
         return self
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+            self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
         self.proc = None

@@ -3,8 +3,8 @@
 Every operation idempotent (commit twice, abort twice, abort an unknown txn, commit after a
 crash between prepare and commit); ``recover`` lists exactly the prepared transactions; nothing
 visible before commit and all of it after; a stale epoch refused; the service restarted between
-prepare and commit (for S3, a moto that replays its request log when it starts again: see
-``tests.procs.RecordingMoto``). A "crash" is a new sink instance over the same resource, as a restarted
+prepare and commit (for S3, a private MinIO SIGKILLed and started again on the same data
+directory: see ``tests.procs.PrivateMinio``). A "crash" is a new sink instance over the same resource, as a restarted
 worker process would build it.
 
 Each record's value carries its own coordinates (``{"k": "topic/partition/offset"}``), so
@@ -122,7 +122,7 @@ class S3Harness(Harness):
         super().__init__(*a)
         self.bucket = self.unique.replace("_", "-")[:60]
         self.s3 = dict(self.stack.s3)
-        self.moto: Any = None
+        self.minio: Any = None
 
     def config(self):
         s3 = self.s3
@@ -148,20 +148,19 @@ class S3Harness(Harness):
         return out
 
     def restartable(self):
-        # The stack's moto keeps its data in memory only: a restart would be a wipe. This one logs
-        # every request and replays the log when it starts again.
-        from tests.procs import RecordingMoto
+        # Not the stack's MinIO, which every other test shares: one of its own, killed at will.
+        from tests.procs import PrivateMinio
 
-        self.moto = RecordingMoto(self.tmp / "moto").start()
-        self.s3 = self.moto.endpoint()
+        self.minio = PrivateMinio(self.tmp / "minio").start()
+        self.s3 = self.minio.endpoint()
 
     def restart_service(self):
-        self.moto.kill()
-        self.moto.start()
+        self.minio.kill()  # SIGKILL: no shutdown, whatever it had not synced is what a crash loses
+        self.minio.start()
 
     def close(self):
-        if self.moto is not None:
-            self.moto.kill()
+        if self.minio is not None:
+            self.minio.kill()
 
 
 class HttpHarness(Harness):

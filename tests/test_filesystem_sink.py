@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from eosink.connectors.api.errors import ConfigError
-from eosink.connectors.filesystem import FilesystemSink
 from eosink.connectors.api.records import SinkRecord
+from eosink.connectors.filesystem import FilesystemSink
 from tests.sinkkit import prepare
 
 
@@ -52,3 +52,20 @@ def test_jsonl_format_is_one_object_per_record_that_jq_reads(tmp_path):
 def test_unknown_format_names_the_key(tmp_path):
     with pytest.raises(ConfigError, match="file.format"):
         FilesystemSink("c", {"file.path": str(tmp_path), "file.format": "csv"})
+
+
+def test_pretty_printed_json_value_is_written_as_one_line_its_own_reader_parses(tmp_path):
+    """A producer that pretty-prints puts line breaks inside a record's bytes; written as they
+    are, one record becomes several lines and ``read_committed`` (or jq) fails on the first."""
+    sink = FilesystemSink("c", {"file.path": str(tmp_path)})
+    sink.open()
+    pretty = b'{\n  "id": 1,\n  "s": "caf\\u00e9",\n  "tags": [\n    "a"\n  ]\n}'
+    compact = b'{"id": 2}'
+    recs = [SinkRecord("t.x", 0, 0, None, json.loads(pretty), pretty), SinkRecord("t.x", 0, 1, None, json.loads(compact), compact)]
+    prepare(sink, "c.w.1.1", recs)
+    sink.commit("c.w.1.1")
+    lines = _committed_bytes(sink).splitlines()
+    assert len(lines) == 2
+    assert [json.loads(x)["value"] for x in lines] == [{"id": 1, "s": "café", "tags": ["a"]}, {"id": 2}]
+    assert lines[1].endswith(b'"value":{"id": 2}}')  # a value without a line break stays the topic's bytes
+    assert [r["value"]["id"] for r in sink.read_committed()] == [1, 2]

@@ -1,5 +1,5 @@
 """The Iceberg sink against the real stack: a SQL catalog in the stack's PostgreSQL, warehouses on
-the local filesystem and on the stack's S3 (moto); a REST catalog (Iceberg's own RESTCatalogServer
+the local filesystem and on the stack's S3 (MinIO); a REST catalog (Iceberg's own RESTCatalogServer
 from Maven Central); and Spark reading the rows through Iceberg's Spark runtime and JdbcCatalog.
 
 Every table, connector and warehouse prefix is unique per test (``unique``), so runs never collide.

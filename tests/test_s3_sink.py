@@ -1,33 +1,36 @@
-"""The S3 sink against the stack's moto S3 server (``stack``/``unique`` fixtures).
+"""The S3 sink against the stack's MinIO (``stack``/``unique`` fixtures).
 
 Each test writes into its own bucket, deleted afterwards. A "crash" of the worker is a sink
 instance dropped between two steps: what it wrote to S3 stays, exactly as after a killed worker.
-moto keeps everything in memory, so its restart test checks only the outcome classes while it
-is down and that the sink works again once it is back.
+MinIO keeps its data on disk, so the outage test also commits, after the restart, a txn
+prepared before it.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import quote
 
 import boto3
 import pytest
 from botocore.stub import Stubber
 
-from eosink.connectors.s3 import sink as s3mod
 from eosink.connectors.api.config import MASK
 from eosink.connectors.api.errors import ConfigError, FatalError, FencedError, RecordError, RetryableError
 from eosink.connectors.api.records import SinkRecord, TopicPartition
+from eosink.connectors.s3 import protocol as s3protocol
 from eosink.connectors.s3.sink import S3Sink
-from tests.fakes import ListSource
-from tests.sinkkit import prepare, records
 from eosink.worker.engine.decision import MemoryDecisionLog
-from eosink.worker.stack import Endpoints
 from eosink.worker.engine.task import SinkTask
 from eosink.worker.engine.types import CycleOutcome, TaskSettings, TaskState
+from eosink.worker.stack import Endpoints
+from tests.fakes import ListSource
+from tests.sinkkit import prepare, records
 
 MakeSink = Callable[..., S3Sink]
 
@@ -38,6 +41,16 @@ def keys(client: Any, bucket: str, prefix: str = "") -> list[str]:
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         out += [o["Key"] for o in page.get("Contents", [])]
     return sorted(out)
+
+
+def open_uploads(client: Any, bucket: str) -> list[str]:
+    """Keys of the bucket's unfinished multipart uploads (no prefix: MinIO lists a prefix only
+    when it is a whole key)."""
+    return sorted(u["Key"] for u in client.list_multipart_uploads(Bucket=bucket).get("Uploads", []))
+
+
+def pending(connector: str, txn: str) -> str:
+    return f"__pending__/{connector}/{quote(txn, safe='')}.json"
 
 
 def visible(client: Any, bucket: str, connector: str) -> dict[str, bytes]:
@@ -56,10 +69,12 @@ def bucket(client: Any, unique: str) -> Iterator[str]:
     name = unique.replace("_", "-")[:63].strip("-")
     yield name
     try:
+        for u in client.list_multipart_uploads(Bucket=name).get("Uploads", []):
+            client.abort_multipart_upload(Bucket=name, Key=u["Key"], UploadId=u["UploadId"])
         for k in keys(client, name):
             client.delete_object(Bucket=name, Key=k)
         client.delete_bucket(Bucket=name)
-    except Exception:  # noqa: BLE001 - cleanup only (moto may have been restarted and forgotten it)
+    except Exception:  # noqa: BLE001 - cleanup only (the bucket may never have been created)
         pass
 
 
@@ -88,16 +103,18 @@ def test_prepared_objects_are_invisible_until_commit_then_one_object_per_partiti
     recs = records("orders", [{"id": i} for i in range(5)]) + records("orders", [{"id": 9}], partition=1, start=7)
     txn = f"{unique}.w.1.1"
     prepare(sink, txn, recs, epoch=4)
-    assert visible(client, bucket, unique) == {}
-    pending = keys(client, bucket, f"__pending__/{unique}/{txn}/")
-    assert pending == [f"__pending__/{unique}/{txn}/{n}" for n in ("_manifest.json", "orders/0.jsonl", "orders/1.jsonl")]
-    sink.commit(txn)
     p0 = f"{unique}/orders/0/{0:020d}-{4:020d}.jsonl"
     p1 = f"{unique}/orders/1/{7:020d}-{7:020d}.jsonl"
+    assert visible(client, bucket, unique) == {}
+    assert keys(client, bucket) == [pending(unique, txn)]  # the prepared txn's record, nothing else
+    assert open_uploads(client, bucket) == [p0, p1]  # the data: multipart uploads at the final keys
+    sink.commit(txn)
     assert visible(client, bucket, unique) == {p0: b"".join(r.raw_value + b"\n" for r in recs[:5]), p1: b'{"id": 9}\n'}
     assert client.head_object(Bucket=bucket, Key=p0)["Metadata"]["eosink-epoch"] == "4"
+    assert client.head_object(Bucket=bucket, Key=p0)["Metadata"]["eosink-txn"] == txn
+    assert open_uploads(client, bucket) == []
+    sink.close()  # waits for the background delete of the txn's .json
     assert keys(client, bucket, "__pending__/") == []
-    assert keys(client, bucket, "__commits__/") == [f"__commits__/{unique}/{txn}"]
     assert client.get_object(Bucket=bucket, Key=f"__epochs__/{unique}/orders-0")["Body"].read() == b"4"
 
 
@@ -111,6 +128,7 @@ def test_jsonl_keeps_the_topics_bytes_and_one_record_per_line(make_sink, client,
     sink.commit(f"{unique}.w.1.1")
     body = client.get_object(Bucket=bucket, Key=f"lake/raw/{unique}/t/0/{0:020d}-{3:020d}.jsonl")["Body"].read()
     assert body == b'{"b": 2,   "a": [1, 2.50]}\n{"x":1}\n"plain"\nnull\n'
+    sink.close()
     assert keys(client, bucket, "lake/raw/__pending__/") == [] and keys(client, bucket, "__pending__/") == []
 
 
@@ -133,7 +151,7 @@ def test_abort_deletes_the_pending_prefix_and_nothing_becomes_visible(make_sink,
     sink = make_sink()
     prepare(sink, f"{unique}.w.1.1", records("t", [{"n": 1}]) + records("t", [{"n": 2}], partition=1))
     sink.abort(f"{unique}.w.1.1")
-    assert keys(client, bucket) == []
+    assert keys(client, bucket) == [] and open_uploads(client, bucket) == []
     sink.commit(f"{unique}.w.1.1")  # a commit replayed after the abort finds nothing to publish
     assert visible(client, bucket, unique) == {}
 
@@ -169,57 +187,85 @@ def test_worker_crash_between_prepare_and_commit_new_instance_recovers_exactly_t
 
 
 @pytest.mark.parametrize("then", ["commit retried", "recover"])
-@pytest.mark.parametrize("crash", ["copies", "cleanup"])
-def test_crash_after_the_commit_marker_is_finished_by_a_retried_commit_or_by_recover(
+@pytest.mark.parametrize("crash", ["completes", "cleanup"])
+def test_crash_after_the_first_complete_is_finished_by_a_retried_commit_or_by_recover(
         make_sink, client, bucket, unique, monkeypatch, crash, then):
-    """The marker goes up together with the copies and the cleanup runs after commit returned:
-    a worker that dies with the marker written - copies unfinished, or cleanup not done - leaves
-    a committed txn that the next commit or recover completes, never a second copy of the data."""
+    """A worker that dies with one object completed and another not (or with all completed and
+    the txn's .json not yet deleted) leaves a committed txn that the next commit or recover
+    completes: the completed object's metadata names the txn, so its upload being gone means
+    "committed", not "lost" - and never a second copy of the data."""
     first = make_sink()
-    prepare(first, f"{unique}.w.1.1", records("t", [{"n": 1}]))
+    prepare(first, f"{unique}.w.1.1", records("t", [{"n": 1}]) + records("t", [{"n": 2}], partition=1))
+    if crash == "completes":
+        real = first.txns._complete
 
-    def die(*args: Any) -> None:
-        raise RetryableError(f"worker killed during the {crash}")
+        def die_on_partition_1(txn: str, staged: Any) -> Any:
+            if "/t/1/" in staged.key:
+                raise RetryableError("worker killed during the completes")
+            return real(txn, staged)
 
-    monkeypatch.setattr(first, "_copy" if crash == "copies" else "_cleanup", die)
-    if crash == "copies":
+        monkeypatch.setattr(first.txns, "_complete", die_on_partition_1)
         with pytest.raises(RetryableError):
             first.commit(f"{unique}.w.1.1")
-        assert visible(client, bucket, unique) == {}
+        assert list(visible(client, bucket, unique)) == [f"{unique}/t/0/{0:020d}-{0:020d}.jsonl"]
+        assert open_uploads(client, bucket) == [f"{unique}/t/1/{0:020d}-{0:020d}.jsonl"]
     else:
+        def die(keys: list[str]) -> None:
+            raise RetryableError("worker killed during the cleanup")
+
+        monkeypatch.setattr(first.txns.bucket, "delete", die)
         first.commit(f"{unique}.w.1.1")  # committed: the failed background cleanup is only logged
         first.close()
-        assert len(visible(client, bucket, unique)) == 1
-    assert keys(client, bucket, f"__commits__/{unique}/") and keys(client, bucket, "__pending__/")
+        assert len(visible(client, bucket, unique)) == 2 and open_uploads(client, bucket) == []
+    assert keys(client, bucket, "__pending__/") == [pending(unique, f"{unique}.w.1.1")]
     second = make_sink()
     if then == "commit retried":
-        second.commit(f"{unique}.w.1.1")  # the marker's 412 means "already committed": finish and clean up
+        second.commit(f"{unique}.w.1.1")  # NoSuchUpload on a completed object of this txn: already committed
         second.close()  # waits for the background cleanup
     else:
-        assert second.recover() == []  # committed (the marker says so): not a prepared txn any more
-    assert keys(client, bucket, "__pending__/") == []
-    assert len(visible(client, bucket, unique)) == 1
+        assert second.recover() == []  # committed (an object names the txn): not a prepared txn any more
+    assert keys(client, bucket, "__pending__/") == [] and open_uploads(client, bucket) == []
+    assert len(visible(client, bucket, unique)) == 2
     assert make_sink().recover() == []
     make_sink().commit(f"{unique}.w.1.1")
 
 
-def test_commit_when_the_prepared_data_is_gone_and_no_marker_exists_is_fatal(make_sink, client, bucket, unique):
+def test_upload_aborted_before_commit_is_fatal_naming_the_lifecycle_rule_and_abort_still_tidies(
+        make_sink, client, bucket, unique):
+    """What a bucket lifecycle rule AbortIncompleteMultipartUpload does to a txn prepared longer
+    than its DaysAfterInitiation: the upload vanishes. Told apart from a txn committed before."""
     sink = make_sink()
-    prepare(sink, f"{unique}.w.1.1", records("t", [{"n": 1}]))
-    client.delete_object(Bucket=bucket, Key=f"__pending__/{unique}/{unique}.w.1.1/t/0.jsonl")
-    with pytest.raises(FatalError, match="is missing and no commit marker exists"):
+    m = prepare(sink, f"{unique}.w.1.1", records("t", [{"n": 1}]))
+    key = f"{unique}/t/0/{0:020d}-{0:020d}.jsonl"
+    for u in client.list_multipart_uploads(Bucket=bucket, Prefix=key)["Uploads"]:
+        client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=u["UploadId"])
+    with pytest.raises(FatalError, match="lifecycle rule AbortIncompleteMultipartUpload") as err:
         sink.commit(f"{unique}.w.1.1")
+    assert f"s3://{bucket}/{key} is gone" in str(err.value)
+    with pytest.raises(FatalError, match="AbortIncompleteMultipartUpload"):
+        make_sink().commit(f"{unique}.w.1.1")  # a fresh instance reads the same from the .json
+    assert visible(client, bucket, unique) == {}
+    assert make_sink().recover() == [m]  # still listed: the engine's decision says what to do with it
+    make_sink().abort(f"{unique}.w.1.1")
+    assert keys(client, bucket, "__pending__/") == [] and open_uploads(client, bucket) == []
+    assert make_sink().recover() == []
 
 
-def test_recover_skips_a_prepare_that_died_before_its_manifest_and_collects_it_when_old(make_sink, client, bucket, unique, monkeypatch):
+def test_recover_aborts_uploads_no_prepared_txn_names_once_old_and_keeps_prepared_ones(
+        make_sink, client, bucket, unique, monkeypatch):
     sink = make_sink()
-    orphan = f"__pending__/{unique}/{unique}.w.1.1/t/0.jsonl"
-    client.put_object(Bucket=bucket, Key=orphan, Body=b"{}\n")
-    assert sink.recover() == []
-    assert keys(client, bucket, "__pending__/") == [orphan]  # young: may be a prepare in flight
-    monkeypatch.setattr(s3mod, "ORPHAN_AGE_S", -1.0)
-    assert sink.recover() == []
-    assert keys(client, bucket, "__pending__/") == []
+    m = prepare(sink, f"{unique}.w.1.1", records("t", [{"n": 1}]))  # prepared: its upload is named by its .json
+    orphan = f"{unique}/t/0/{5:020d}-{9:020d}.jsonl"  # a prepare that died before its .json
+    client.create_multipart_upload(Bucket=bucket, Key=orphan)
+    other = f"{unique}x/t/0/{0:020d}-{0:020d}.jsonl"  # another connector's: never touched
+    client.create_multipart_upload(Bucket=bucket, Key=other)
+    assert make_sink().recover() == [m]
+    assert orphan in open_uploads(client, bucket)  # young: may be a prepare in flight
+    monkeypatch.setattr(s3protocol, "ORPHAN_AGE_S", -1.0)
+    assert make_sink().recover() == [m]
+    assert open_uploads(client, bucket) == sorted([f"{unique}/t/0/{0:020d}-{0:020d}.jsonl", other])
+    make_sink().commit(m.txn_id)
+    assert list(visible(client, bucket, unique)) == [f"{unique}/t/0/{0:020d}-{0:020d}.jsonl"]
 
 
 def test_engine_commit_failing_after_the_decision_is_committed_once_by_the_restarted_tasks_recovery(
@@ -256,6 +302,7 @@ def test_stale_epoch_prepare_is_refused_as_fenced_and_leaves_nothing_pending(mak
     with pytest.raises(FencedError, match="epoch 1 for t-0 is older than 2"):
         prepare(zombie, f"{unique}.w.1.9", records("t", [{"n": 2}], start=1), epoch=1)
     assert keys(client, bucket, "__pending__/") == [] and zombie.recover() == []
+    assert open_uploads(client, bucket) == []  # its upload aborted, not left to a lifecycle rule
     prepare(owner, f"{unique}.w.2.2", records("t", [{"n": 2}], start=1), epoch=2)  # the owner goes on
     owner.commit(f"{unique}.w.2.2")
     assert len(visible(client, bucket, unique)) == 2
@@ -272,7 +319,7 @@ def test_zombie_that_saw_its_own_epoch_is_still_fenced_once_a_new_owner_raised_i
     owner.commit(f"{unique}.w.2.1")
     with pytest.raises(FencedError, match="epoch 1 for t-0 is older than 2"):
         prepare(zombie, f"{unique}.w.1.2", records("t", [{"n": 3}], start=2), epoch=1)
-    assert zombie.recover() == [] and keys(client, bucket, "__pending__/") == []
+    assert zombie.recover() == [] and keys(client, bucket, "__pending__/") == [] and open_uploads(client, bucket) == []
     prepare(owner, f"{unique}.w.2.2", records("t", [{"n": 3}], start=2), epoch=2)  # the owner's cached epoch is current
     owner.commit(f"{unique}.w.2.2")
     assert len(visible(client, bucket, unique)) == 3
@@ -319,10 +366,13 @@ def test_objects_over_the_part_size_are_uploaded_in_parts_and_arrive_whole(make_
     sink = make_sink(**{"s3.part.size": 5 * 1024 * 1024})
     recs = records("t", [{"i": i, "pad": "x" * 1000} for i in range(6000)])  # ~6 MB: two parts
     prepare(sink, f"{unique}.w.1.1", recs)
-    head = client.head_object(Bucket=bucket, Key=f"__pending__/{unique}/{unique}.w.1.1/t/0.jsonl")
-    assert head["ETag"].strip('"').endswith("-2")
-    sink.commit(f"{unique}.w.1.1")
-    assert visible(client, bucket, unique)[f"{unique}/t/0/{0:020d}-{5999:020d}.jsonl"] == b"".join(r.raw_value + b"\n" for r in recs)
+    key = f"{unique}/t/0/{0:020d}-{5999:020d}.jsonl"
+    (upload,) = client.list_multipart_uploads(Bucket=bucket, Prefix=key)["Uploads"]
+    sizes = [p["Size"] for p in client.list_parts(Bucket=bucket, Key=key, UploadId=upload["UploadId"])["Parts"]]
+    assert sizes[0] == 5 * 1024 * 1024 and len(sizes) == 2 and visible(client, bucket, unique) == {}
+    make_sink().commit(f"{unique}.w.1.1")  # an instance that did not prepare it reads the parts back
+    assert client.head_object(Bucket=bucket, Key=key)["ETag"].strip('"').endswith("-2")
+    assert visible(client, bucket, unique)[key] == b"".join(r.raw_value + b"\n" for r in recs)
 
 
 # -- errors -------------------------------------------------------------------------------------
@@ -331,10 +381,10 @@ def test_s3_down_is_retryable_for_every_operation_and_the_sink_works_once_it_is_
     from eosink.worker.stack import start_component, stop_component
 
     sink = make_sink(**{"s3.max.attempts": 1})
-    prepare(sink, f"{unique}.w.1.1", records("t", [{"n": 1}]))
+    m = prepare(sink, f"{unique}.w.1.1", records("t", [{"n": 1}]))
     stop_component("s3")
     try:
-        with pytest.raises(RetryableError, match="cannot reach http://127.0.0.1"):
+        with pytest.raises(RetryableError, match=r"cannot reach http://127.0.0.1:\d+ \(s3.endpoint.url\)"):
             sink.commit(f"{unique}.w.1.1")
         with pytest.raises(RetryableError):
             prepare(sink, f"{unique}.w.1.2", records("t", [{"n": 2}], start=1))
@@ -346,15 +396,48 @@ def test_s3_down_is_retryable_for_every_operation_and_the_sink_works_once_it_is_
             sink.open()
     finally:
         start_component("s3")
-    sink.open()  # moto forgot everything: the restarted task's open() creates the bucket again
+    sink.open()
+    assert sink.recover() == [m]  # MinIO kept the upload and the txn's .json across the restart
+    sink.commit(f"{unique}.w.1.1")
     prepare(sink, f"{unique}.w.1.3", records("t", [{"n": 3}], start=2))
     sink.commit(f"{unique}.w.1.3")
-    assert list(visible(client, bucket, unique)) == [f"{unique}/t/0/{2:020d}-{2:020d}.jsonl"]
+    assert list(visible(client, bucket, unique)) == [f"{unique}/t/0/{0:020d}-{0:020d}.jsonl",
+                                                     f"{unique}/t/0/{2:020d}-{2:020d}.jsonl"]
 
 
 def test_missing_bucket_without_create_is_fatal_and_names_the_bucket(make_sink, bucket):
     sink = make_sink(open_=False, **{"s3.bucket.create": False})
-    with pytest.raises(FatalError, match=f"bucket s3://{bucket} does not exist"):
+    with pytest.raises(FatalError, match=f"bucket s3://{bucket} does not exist at http://127.0.0.1"):
+        sink.open()
+
+
+def test_bucket_deleted_under_a_running_sink_is_fatal_naming_bucket_and_key(make_sink, client, bucket, unique):
+    sink = make_sink()
+    client.delete_bucket(Bucket=bucket)
+    with pytest.raises(FatalError, match=f"s3://{bucket}/.*: bucket {bucket} does not exist \\(s3.bucket.name\\)"):
+        prepare(sink, f"{unique}.w.1.1", records("t", [{"n": 1}]))
+
+
+def test_wrong_credentials_are_fatal_naming_the_keys_and_endpoint_and_lose_no_prepared_txn(make_sink, stack, bucket, unique):
+    good = make_sink()
+    m = prepare(good, f"{unique}.w.1.1", records("t", [{"n": 1}]))
+    bad = make_sink(open_=False, **{"aws.secret.access.key": "not-the-secret"})
+    with pytest.raises(FatalError, match="access denied") as err:
+        bad.open()
+    msg = str(err.value)
+    assert f"s3://{bucket} at {stack.s3['endpoint_url']}" in msg and "aws.access.key.id / aws.secret.access.key" in msg
+    assert "not-the-secret" not in msg
+    heir = make_sink()
+    assert heir.recover() == [m]
+    heir.commit(m.txn_id)
+
+
+def test_endpoint_down_is_retryable_naming_the_endpoint(make_sink):
+    from tests.procs import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    sink = make_sink(open_=False, **{"s3.endpoint.url": url, "s3.max.attempts": 1})
+    with pytest.raises(RetryableError, match=f"cannot reach {url} \\(s3.endpoint.url\\)"):
         sink.open()
 
 
@@ -367,13 +450,41 @@ def test_missing_bucket_without_create_is_fatal_and_names_the_bucket(make_sink, 
 ])
 def test_s3_error_codes_map_to_outcome_classes_and_name_bucket_and_key(make_sink, bucket, unique, code, status, error, match):
     sink = make_sink()
-    with Stubber(sink._client) as stubber:
-        # The first request of a prepare is the fence's LIST of the epoch objects (the uploads that
-        # run alongside it find no stubbed answer and fail too; the fence's error is the one raised).
+    with Stubber(sink.txns.bucket.client) as stubber:
+        # The stubbed answer goes to the fence's LIST of the epoch objects (the creates that run
+        # alongside it find no stubbed answer and fail too; the fence's error is the one raised).
         stubber.add_client_error("list_objects_v2", service_error_code=code, http_status_code=status)
         with pytest.raises(error, match=match) as err:
             prepare(sink, f"{unique}.w.1.1", records("t", [{"n": 1}]))
     assert f"s3://{bucket}/__epochs__/{unique}/" in str(err.value)
+
+
+def test_an_open_sink_reuses_freed_body_pages_so_the_next_cycle_takes_no_page_faults(stack, bucket):
+    """Fresh pages cost a fault each on first touch (~3,000 per 12 MB cycle, more than the
+    encoding on this VM); after open() the next cycle's bodies land on the last cycle's pages."""
+    script = f"""
+import resource
+from eosink.connectors.s3 import S3Sink
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def cycle():
+    f = faults()
+    bodies = [b"\\n".join([b"x" * 239] * 12500) for _ in range(4)]  # four 3 MB objects
+    del bodies
+    return faults() - f
+before = [cycle() for _ in range(3)]
+sink = S3Sink("c", {{"s3.bucket.name": {bucket!r}, "s3.endpoint.url": {stack.s3["endpoint_url"]!r},
+                    "aws.access.key.id": {stack.s3["aws_access_key_id"]!r},
+                    "aws.secret.access.key": {stack.s3["aws_secret_access_key"]!r}}})
+sink.open()
+cycle()
+after = [cycle() for _ in range(3)]
+sink.close()
+print(min(before), max(after))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    before, after = map(int, out.stdout.split())
+    assert before > 2000 and after < 100, (before, after)
 
 
 def test_secrets_are_masked_and_config_is_validated():

@@ -24,7 +24,7 @@ PORT_VARS = {
     "zookeeper": ["EOSINK_ZOOKEEPER_PORT"],
     "kafka": ["EOSINK_KAFKA_PORT", "EOSINK_KAFKA_CONTROLLER_PORT"],
     "postgres": ["EOSINK_POSTGRES_PORT"],
-    "s3": ["EOSINK_S3_PORT"],
+    "s3": ["EOSINK_S3_PORT", "EOSINK_S3_CONSOLE_PORT"],
 }
 
 
@@ -148,7 +148,8 @@ def test_single_component_stops_and_starts_through_the_api(
     scratch_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     home = Path(scratch_env["EOSINK_HOME"])
-    monkeypatch.setenv("EOSINK_S3_PORT", scratch_env["EOSINK_S3_PORT"])
+    for var in PORT_VARS["s3"]:
+        monkeypatch.setenv(var, scratch_env[var])
     first = start_component("s3", home)
     assert load_endpoints(home).s3["endpoint_url"] == f"http://127.0.0.1:{scratch_env['EOSINK_S3_PORT']}"
     assert start_component("s3", home) == first  # already running: left alone
@@ -158,6 +159,15 @@ def test_single_component_stops_and_starts_through_the_api(
     assert second != first and running(second)
     stop_component("s3", home)
     assert not running(second)
+
+
+def test_s3_without_its_binary_and_without_go_says_what_to_install(scratch_env: dict[str, str], tmp_path: Path) -> None:
+    env = dict(scratch_env, XDG_CACHE_HOME=str(tmp_path / "empty-cache"), PATH=str(Path(sys.executable).parent))
+    result = run_stack("up", "--only", "s3", env=env)
+    assert result.returncode == 1
+    assert "s3: minio is not built yet" in result.stderr
+    assert "install Go 1.24+ (Debian: apt-get install golang-go, or put go on PATH)" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_load_endpoints_without_a_stack_says_how_to_start_one(tmp_path: Path) -> None:

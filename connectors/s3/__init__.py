@@ -1,5 +1,4 @@
-"""S3 sink: objects staged invisibly at prepare, made visible atomically at commit.
-"""
+"""S3 sink: each object a multipart upload at prepare, completed (made visible whole) at commit."""
 
 from eosink.connectors.s3.sink import S3Sink
 

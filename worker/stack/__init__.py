@@ -1,4 +1,4 @@
-"""The real local stack: ZooKeeper, Kafka (KRaft), PostgreSQL and moto's S3 on 127.0.0.1.
+"""The real local stack: ZooKeeper, Kafka (KRaft), PostgreSQL and MinIO (S3) on 127.0.0.1.
 
 Started by the project itself (``eosink stack up``), not by Docker: JVM servers run from jars
 that Maven resolves once from poms in ``jvm/``, PostgreSQL from the Debian packages. Tests and

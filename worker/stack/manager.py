@@ -139,6 +139,7 @@ def _ensure_running(component: Component, report: Report) -> None:
         )
     component.pid_file.unlink(missing_ok=True)
     component.run_offset = proc.mark_log(component.log_path, f"starting {name}")
+    component.prepare(report)
     for env_var, number in component.ports().items():
         if proc.port_in_use(HOST, number):
             raise component.fail(

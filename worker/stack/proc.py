@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -32,8 +32,9 @@ def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
 
 
-def spawn(argv: Sequence[str], log_path: Path, *, cwd: Path) -> int:
-    """Start a long-running server detached from us; its stdout and stderr append to ``log_path``."""
+def spawn(argv: Sequence[str], log_path: Path, *, cwd: Path, env: Mapping[str, str] | None = None) -> int:
+    """Start a long-running server detached from us; its stdout and stderr append to ``log_path``
+    (``env``: the whole environment, default ours)."""
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             list(argv),
@@ -41,6 +42,7 @@ def spawn(argv: Sequence[str], log_path: Path, *, cwd: Path) -> int:
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=cwd,
+            env=None if env is None else dict(env),
             start_new_session=True,
         )
     _children[proc.pid] = proc

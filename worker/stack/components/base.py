@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -52,6 +53,9 @@ class Component(ABC):
     def workdir(self) -> Path:
         """The directory the server runs in: proves a pid is this server (pid reuse guard)."""
         return self.data_dir
+
+    def prepare(self, report: Callable[[str], None]) -> None:  # noqa: B027 - a hook: most servers need nothing
+        """Fetch or build what ``launch`` needs, once per machine; long steps ``report`` progress."""
 
     @abstractmethod
     def launch(self) -> int:

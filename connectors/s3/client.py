@@ -1,0 +1,144 @@
+"""One bucket through boto3, with every failure turned into an outcome class that names it.
+
+The protocol (:mod:`.protocol`) branches on outcome classes only: RetryableError for what a
+later attempt may fix (throttling, 5xx, an endpoint that does not answer), FatalError for what
+it will not (a missing bucket, refused credentials). Each message names the operation, the
+``s3://bucket/key`` it touched and the endpoint, so whoever reads a failed task's status knows
+which of the three to check. A few answers are expected, not failures - "not there" (404) and
+"precondition failed" (412) - and come back as None where the caller asks for that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, IncompleteReadError, NoCredentialsError
+from botocore.exceptions import ConnectionError as BotoConnectionError
+
+from eosink.connectors.api.errors import EosinkError, FatalError, RetryableError
+
+COMPONENT = "s3"
+_RETRYABLE_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestLimitExceeded",
+                              "InternalError", "ServiceUnavailable", "OperationAborted", "TooManyRequests",
+                              "XMinioServerNotInitialized"})
+_DENIED_CODES = frozenset({"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
+                           "InvalidToken", "ExpiredToken"})
+#: "Not there" answers (HEAD has no body, so its code is the bare status; NoSuchBucket is not one).
+MISSING = frozenset({"NoSuchKey", "NoSuchUpload", "404"})
+#: A conditional write lost: the object exists (IfNoneMatch) or changed (IfMatch).
+CONFLICT = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
+
+
+def make_client(*, endpoint_url: str | None, region: str, access_key: str | None, secret_key: str | None,
+                session_token: str | None, max_attempts: int, connections: int, path_style: bool) -> Any:
+    config = Config(
+        retries={"max_attempts": max_attempts, "mode": "standard"},
+        connect_timeout=10, read_timeout=60, max_pool_connections=max(10, connections),
+        s3={"addressing_style": "path" if path_style else "auto"},
+    )
+    return boto3.session.Session().client(
+        "s3", endpoint_url=endpoint_url or None, region_name=region, aws_access_key_id=access_key or None,
+        aws_secret_access_key=secret_key or None, aws_session_token=session_token or None, config=config,
+    )
+
+
+class Bucket:
+    """``client.<op>(Bucket=name, ...)`` calls on one bucket, failures translated (see module doc)."""
+
+    def __init__(self, client: Any, name: str, endpoint: str | None) -> None:
+        self.client = client
+        self.name = name
+        self.endpoint = endpoint or "AWS S3"
+
+    def call(self, op: str, key: str | None, *, none_on: frozenset[str] = frozenset(), **kwargs: Any) -> Any:
+        """``client.<op>(Bucket=..., **kwargs)``; a ClientError whose code is in ``none_on`` returns
+        None. ``key`` only names the object in error messages."""
+        try:
+            return getattr(self.client, op)(Bucket=self.name, **kwargs)
+        except ClientError as exc:
+            if code_of(exc) in none_on:
+                return None
+            raise self.error(exc, op, key) from exc
+        except BotoCoreError as exc:
+            raise self.error(exc, op, key) from exc
+
+    def get(self, key: str) -> tuple[bytes, dict[str, Any]] | None:
+        """The object's bytes and response, or None when it does not exist."""
+        resp = self.call("get_object", key, Key=key, none_on=MISSING)
+        if resp is None:
+            return None
+        try:
+            return resp["Body"].read(), resp
+        except BotoCoreError as exc:  # the connection broke while streaming the body
+            raise self.error(exc, "get_object", key) from exc
+
+    def pages(self, op: str, prefix: str, **kwargs: Any) -> Iterable[dict[str, Any]]:
+        """Every page of a listing (``list_objects_v2`` or ``list_multipart_uploads``)."""
+        try:
+            yield from self.client.get_paginator(op).paginate(Bucket=self.name, Prefix=prefix, **kwargs)
+        except (ClientError, BotoCoreError) as exc:
+            raise self.error(exc, op, prefix) from exc
+
+    def objects(self, prefix: str) -> Iterable[dict[str, Any]]:
+        for page in self.pages("list_objects_v2", prefix):
+            yield from page.get("Contents", [])
+
+    def uploads(self, prefix: str) -> Iterable[dict[str, Any]]:
+        """Unfinished multipart uploads whose key starts with ``prefix``.
+
+        MinIO answers a prefix only when it is a whole key (a "directory" prefix lists nothing),
+        and every upload of the bucket for an empty one: when the prefixed listing is empty, the
+        bucket-wide one is filtered here, so the answer is the same on AWS and on MinIO.
+        """
+        found = False
+        for page in self.pages("list_multipart_uploads", prefix):
+            for u in page.get("Uploads", []):
+                found = True
+                yield u
+        if not found and prefix:
+            for page in self.pages("list_multipart_uploads", ""):
+                yield from (u for u in page.get("Uploads", []) if u["Key"].startswith(prefix))
+
+    def delete(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
+            chunk = keys[i:i + 1000]
+            resp = self.call("delete_objects", chunk[0], Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True})
+            if resp.get("Errors"):
+                e = resp["Errors"][0]
+                raise RetryableError(f"delete s3://{self.name}/{e.get('Key')} failed: {e.get('Code')} {e.get('Message')}",
+                                     component=COMPONENT)
+
+    def error(self, exc: Exception, op: str, key: str | None) -> EosinkError:
+        where = f"s3://{self.name}/{key}" if key else f"s3://{self.name}"
+        at = f"{op} {where} at {self.endpoint}"
+        if isinstance(exc, ClientError):
+            code, status = code_of(exc), status_of(exc)
+            msg = exc.response.get("Error", {}).get("Message", "")
+            if status >= 500 or code in _RETRYABLE_CODES:
+                return RetryableError(f"{at}: {code} (HTTP {status}) {msg}", component=COMPONENT)
+            if code in _DENIED_CODES:
+                return FatalError(f"{at}: access denied ({code}): check aws.access.key.id / aws.secret.access.key "
+                                  f"and the policy of bucket {self.name}", component=COMPONENT)
+            if code == "NoSuchBucket":
+                return FatalError(f"{at}: bucket {self.name} does not exist (s3.bucket.name)", component=COMPONENT)
+            return FatalError(f"{at}: {code} (HTTP {status}) {msg}", component=COMPONENT)
+        if isinstance(exc, (BotoConnectionError, HTTPClientError, IncompleteReadError)):
+            return RetryableError(f"{op} {where}: cannot reach {self.endpoint} (s3.endpoint.url): {exc}", component=COMPONENT)
+        if isinstance(exc, NoCredentialsError):
+            return FatalError(f"{at}: no AWS credentials: set aws.access.key.id and aws.secret.access.key",
+                              component=COMPONENT)
+        return FatalError(f"{at}: {type(exc).__name__}: {exc}", component=COMPONENT)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def code_of(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def status_of(exc: ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
