@@ -26,7 +26,7 @@ from eosink.connectors.api.errors import EosinkError
 from eosink.worker import paths
 from eosink.worker.stack.endpoints import Endpoints
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo-orders.json"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo-orders.json"  # the checkout's configs/
 TOPIC = "eosink-demo-orders"
 TABLE = "demo_orders"
 CONNECTOR = "demo-orders"
