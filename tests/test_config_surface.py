@@ -103,3 +103,14 @@ def test_connectors_apply_refuses_an_unknown_key_naming_the_file(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_connector_file(f, resolve=False)
     assert str(f) in str(err.value) and "tabel.name.format" in str(err.value)
+
+
+def test_every_registration_the_readme_shows_is_valid():
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    blocks = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", readme, re.S) if '"connector.class"' in b]
+    assert len(blocks) >= 2
+    for doc in blocks:
+        parse_connector(doc["name"], doc["config"], resolve=False, check_clients=True)

@@ -137,12 +137,12 @@ def validate(plugin: Plugin, config: Mapping[str, Any]) -> dict[str, Any]:
         if problem is not None:
             culprit = problem.key or "connector.class"
             if culprit not in errors_by_key:
+                errors_by_key[culprit] = []  # the entry's list itself, so the error below shows in it
                 configs.append({"definition": {"name": culprit, "type": "STRING", "required": False, "default_value": None,
                                                "importance": "HIGH", "documentation": "", "group": "Common", "width": "NONE",
                                                "display_name": culprit, "dependents": [], "order": order + 1},
                                 "value": {"name": culprit, "value": _str(config.get(culprit)), "recommended_values": [],
-                                          "errors": [], "visible": True}})
-                errors_by_key[culprit] = []
+                                          "errors": errors_by_key[culprit], "visible": True}})
             errors_by_key[culprit].append(problem.message.split(": ", 1)[-1])
     return {"name": plugin.class_name, "error_count": sum(len(e) for e in errors_by_key.values()), "groups": groups,
             "configs": configs}
