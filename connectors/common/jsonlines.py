@@ -17,7 +17,7 @@ import operator
 from collections.abc import Sequence
 from json.encoder import encode_basestring_ascii
 
-from eosink.connectors.api.records import SinkRecord, json_document
+from eosink.connectors.api.records import key_json, SinkRecord, json_document
 
 _raw_value = operator.attrgetter("raw_value")
 _value = operator.attrgetter("value")
@@ -65,7 +65,8 @@ def envelopes(records: Sequence[SinkRecord], component: str) -> bytes:
         if t is None:
             quoted = esc(r.topic).encode()
             t = topics[r.topic] = (quoted, quoted[1:-1])
-        key = b"null" if r.key is None else esc(r.key.decode("utf-8", "replace")).encode()
+        k = r.key
+        key = b"null" if k is None else esc(k.decode("utf-8", "replace")).encode() if k.__class__ is bytes else key_json(r)
         value = r.raw_value
         if not (value and isinstance(r.value, containers)):  # compact JSON never holds a raw line break
             value = json_document(r, component=component, needs=NEEDS_JSON)
