@@ -375,9 +375,9 @@ def test_failed_task_shows_its_trace_and_restart_only_failed_restarts_it(worker,
 
 def test_in_doubt_endpoint_lists_a_decided_uncommitted_txn_until_recovery_commits_it(stack, make_topic, unique, pg, tmp_path):
     """The runbook's fatal case: decided in ZooKeeper, not committed in PostgreSQL (the worker died)."""
-    from tests.procs import WorkerProcess, register
     from eosink.worker.control.store import ConnectorStore
     from eosink.worker.engine.zk import ZkSession
+    from tests.procs import WorkerProcess, register
 
     topic = make_topic(1)
     name = unique  # connector names are unique per test: txn ids are unique only within a cluster
