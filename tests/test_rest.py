@@ -165,7 +165,9 @@ def test_status_tasks_topics_and_offsets_of_a_delivering_connector_agree_with_po
     produce(stack.kafka_bootstrap, topic, [(i % 3, json.dumps({"id": f"r{i}"}).encode()) for i in range(90)])
     wait_until(lambda: len(pg_ids(pg, unique)) >= 90, 60, "90 rows")
     status = _wait_task_state(worker, name, "RUNNING")
-    assert status["connector"] == {"state": "RUNNING", "worker_id": "w-rest"}
+    from eosink.worker.version import VERSION
+
+    assert status["connector"] == {"state": "RUNNING", "worker_id": "w-rest", "version": VERSION}
     task = status["tasks"][0]
     assert (task["id"], task["worker_id"]) == (0, "w-rest") and "trace" not in task
     assert sorted(p["partition"] for p in task["partitions"]) == [f"{topic}-{p}" for p in range(3)]
