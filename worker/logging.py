@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import structlog
@@ -50,7 +50,7 @@ def redact(obj: Any) -> Any:
     return obj
 
 
-def _redact_processor(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+def _redact_processor(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     return redact(event) if _secrets else event
 
 
@@ -62,7 +62,7 @@ _NAME_KEY = "_logger_name"
 ROOT = "eosink"  # every eosink logger is a child of this stdlib logger; its level is the configured one
 
 
-def _level_gate(_logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+def _level_gate(_logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """Per-logger levels: an event passes when the stdlib logger of its name is enabled for it, so
     ``logging.getLogger(name).setLevel`` (the REST ``/admin/loggers``) governs it and its children."""
     name = event.pop(_NAME_KEY, ROOT)
