@@ -120,6 +120,57 @@ def test_cli_errors_are_one_line_without_a_traceback(tmp_path):
     assert r.returncode == 2 and "KEY=VALUE" in r.stderr and "Traceback" not in r.stderr
 
 
+BAD_SETTINGS = [  # (argv, environment, the name the error must give, the value it must quote)
+    (["worker"], {"EOSINK_SESSION_TIMEOUT": "ten"}, "EOSINK_SESSION_TIMEOUT", "ten"),
+    (["worker", "--session-timeout", "0"], {}, "--session-timeout", "0"),
+    (["worker"], {"EOSINK_REST_PORT": "80a"}, "EOSINK_REST_PORT", "80a"),
+    (["worker", "--metrics-port", "70000"], {}, "--metrics-port", "70000"),
+    (["worker"], {"EOSINK_METRICS_PORT": "-1"}, "EOSINK_METRICS_PORT", "-1"),
+    (["worker"], {"EOSINK_REST_ADVERTISED_URL": "worker-1:8083"}, "EOSINK_REST_ADVERTISED_URL", "worker-1:8083"),
+    (["worker"], {"EOSINK_BOOTSTRAP_SERVERS": "kafka"}, "EOSINK_BOOTSTRAP_SERVERS", "kafka"),
+    (["worker", "--zookeeper", "zk:port"], {}, "--zookeeper", "zk:port"),
+    (["worker", "--cluster", "two words"], {}, "--cluster", "two words"),
+    (["worker", "--log-level", "LOUD"], {}, "--log-level", "LOUD"),
+    (["worker", "--kafka-property", "nonsense"], {}, "--kafka-property", "nonsense"),
+    (["connectors", "list"], {"EOSINK_URL": "localhost:8083"}, "EOSINK_URL", "localhost:8083"),
+    (["connectors", "--url", "ftp://w:1", "list"], {}, "--url", "ftp://w:1"),
+    (["connectors", "--url", "http://w:port", "list"], {}, "--url", "http://w:port"),
+    (["connectors", "--url", "http://127.0.0.1:9", "status", "c", "--watch", "--interval", "soon"], {}, "--interval", "soon"),
+    (["connectors", "--url", "http://127.0.0.1:9", "status", "--watch", "--count", "-1"], {}, "--count", "-1"),
+    (["connectors", "--url", "http://127.0.0.1:9", "offsets", "c", "--set", "t=1"], {}, "--set", "t=1"),
+    (["connectors", "list"], {"EOSINK_LOG_LEVEL": "LOUD"}, "EOSINK_LOG_LEVEL", "LOUD"),
+    (["connectors", "list"], {"EOSINK_LOG_FORMAT": "xml"}, "EOSINK_LOG_FORMAT", "xml"),
+]
+
+
+@pytest.mark.parametrize("argv, env, name, value", BAD_SETTINGS, ids=[f"{c[2]}={c[3]}" for c in BAD_SETTINGS])
+def test_a_bad_flag_or_variable_is_one_line_naming_it_and_its_value_exit_2(argv, env, name, value):
+    r = cli(*argv, env=env, timeout=30)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"{name}={value!r}: expected " in r.stderr, r.stderr
+
+
+def test_a_malformed_credential_is_named_but_never_echoed():
+    r = cli("worker", env={"EOSINK_REST_BASIC_AUTH": "admin-no-colon-s3cret"})
+    assert r.returncode == 2 and "EOSINK_REST_BASIC_AUTH" in r.stderr and "USER:PASSWORD" in r.stderr, r.stderr
+    assert "s3cret" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_worker_variable_is_read_only_by_the_worker_and_durations_take_units():
+    from eosink.worker.clients.typed import DURATION, read
+
+    r = cli("connectors", "--url", "http://127.0.0.1:9", "list", env={"EOSINK_SESSION_TIMEOUT": "ten"})
+    assert r.returncode == 2 and "cannot reach the worker" in r.stderr and "EOSINK_SESSION_TIMEOUT" not in r.stderr
+    assert [read(DURATION, v, "x") for v in ("10", "10s", "2.5", "500ms", "2m")] == [10, 10, 2.5, 0.5, 120]
+
+
+def test_an_unknown_subcommand_is_one_line_pointing_at_help():
+    r = cli("frobnicate")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "eosink --help" in r.stderr, r.stderr
+    assert cli("--version").stdout.startswith("eosink ")
+
+
 def test_cli_takes_credentials_from_the_same_environment_as_the_worker(stack, unique, tmp_path):
     env = {"EOSINK_REST_TOKEN": "t0ken-for-cli"}
     w = start_worker(stack, unique, "w-cli-auth", tmp_path, extra_env=env)

@@ -64,10 +64,14 @@ def test_root_health_ready_metrics_and_openapi_are_served_on_the_rest_port(worke
 def test_unknown_path_is_404_and_wrong_method_is_405_in_connect_error_shape(worker):
     status, body, _ = call(worker.url, "GET", "/no/such/thing")
     assert status == 404 and body["error_code"] == 404 and body["message"]
-    status, body, _ = call(worker.url, "DELETE", "/connectors")
+    status, body, headers = call(worker.url, "DELETE", "/connectors")
     assert status == 405 and body == {"error_code": 405, "message": body["message"]} and "GET, POST" in body["message"]
-    status, body, _ = call(worker.url, "PURGE", "/connectors")
+    assert headers["Allow"] == "GET, POST, HEAD", headers
+    status, body, headers = call(worker.url, "PURGE", "/connectors")
     assert status == 405, body
+    assert call(worker.url, "POST", "/connectors/x/config")[2]["Allow"] == "GET, PUT, PATCH, HEAD"
+    assert call(worker.url, "GET", "/connectors/x/topics/reset")[2]["Allow"] == "PUT"
+    assert call(worker.url, "DELETE", "/admin/loggers/root")[2]["Allow"] == "GET, PUT, HEAD"
 
 
 # -- create, read, update, delete ------------------------------------------------------------------------
@@ -143,13 +147,14 @@ def test_malformed_requests_are_400_not_500(worker):
 def test_every_connector_path_answers_404_for_an_unknown_connector(worker):
     for method, suffix in (("GET", ""), ("DELETE", ""), ("GET", "/config"), ("GET", "/status"), ("GET", "/tasks"),
                            ("GET", "/tasks/0/status"), ("POST", "/tasks/0/restart"), ("PUT", "/pause"), ("PUT", "/resume"),
-                           ("PUT", "/stop"), ("POST", "/restart"), ("GET", "/topics"), ("GET", "/offsets"),
-                           ("DELETE", "/offsets"), ("GET", "/transactions")):
+                           ("PUT", "/stop"), ("POST", "/restart"), ("GET", "/topics"), ("PUT", "/topics/reset"),
+                           ("GET", "/offsets"), ("DELETE", "/offsets"), ("GET", "/transactions")):
         status, body, _ = call(worker.url, method, f"/connectors/ghost{suffix}")
         assert (status, body["error_code"]) == (404, 404), (method, suffix, body)
         assert body["message"] == "Connector ghost not found"
     body = {"offsets": [{"partition": {"kafka_topic": "t", "kafka_partition": 0}, "offset": {"kafka_offset": 1}}]}
     assert call(worker.url, "PATCH", "/connectors/ghost/offsets", body)[0] == 404
+    assert call(worker.url, "PATCH", "/connectors/ghost/config", {"tasks.max": "1"})[0] == 404
 
 
 # -- a delivering connector: status, tasks, topics, offsets, pause/resume, stop, delete ----------------------------
@@ -160,7 +165,9 @@ def test_status_tasks_topics_and_offsets_of_a_delivering_connector_agree_with_po
     produce(stack.kafka_bootstrap, topic, [(i % 3, json.dumps({"id": f"r{i}"}).encode()) for i in range(90)])
     wait_until(lambda: len(pg_ids(pg, unique)) >= 90, 60, "90 rows")
     status = _wait_task_state(worker, name, "RUNNING")
-    assert status["connector"] == {"state": "RUNNING", "worker_id": "w-rest"}
+    from eosink.worker.version import VERSION
+
+    assert status["connector"] == {"state": "RUNNING", "worker_id": "w-rest", "version": VERSION}
     task = status["tasks"][0]
     assert (task["id"], task["worker_id"]) == (0, "w-rest") and "trace" not in task
     assert sorted(p["partition"] for p in task["partitions"]) == [f"{topic}-{p}" for p in range(3)]
@@ -212,7 +219,7 @@ def test_offsets_change_only_while_stopped_and_a_rewind_redelivers_from_there(wo
     status, body, _ = call(worker.url, "PATCH", f"/connectors/{name}/offsets", patch)
     assert status == 400 and "STOPPED" in body["message"]
     assert call(worker.url, "DELETE", f"/connectors/{name}/offsets")[0] == 400
-    assert call(worker.url, "PUT", f"/connectors/{name}/stop")[0] == 202
+    assert call(worker.url, "PUT", f"/connectors/{name}/stop")[0] == 204  # Connect's code for a stop
     wait_until(lambda: _status(worker, name)["tasks"] == [], 30, "tasks to stop")
     assert _status(worker, name)["connector"]["state"] == "STOPPED"
     path = f"/eosink/{unique}/partitions/{name}/{topic}-0"
@@ -262,6 +269,84 @@ def test_delete_stops_the_tasks_and_a_recreated_connector_resumes_without_duplic
     assert len(ids) == len(set(ids)) == 20
 
 
+def test_patch_config_merges_the_keys_removes_null_ones_and_rejects_what_put_rejects(worker, tmp_path):
+    config = {"connector.class": "filesystem", "topics": "t-none", "file.path": str(tmp_path), "tasks.max": "2"}
+    assert call(worker.url, "POST", "/connectors", {"name": "c-patch", "config": config, "initial_state": "STOPPED"})[0] == 201
+    status, info, _ = call(worker.url, "PATCH", "/connectors/c-patch/config", {"topics": "t-other", "tasks.max": None})
+    assert status == 200 and info["name"] == "c-patch" and info["type"] == "sink", info
+    expected = {"connector.class": "filesystem", "topics": "t-other", "file.path": str(tmp_path), "name": "c-patch"}
+    assert info["config"] == expected
+    assert call(worker.url, "GET", "/connectors/c-patch/config")[1] == expected
+    for bad, key in (({"tasks.max": "many"}, "tasks.max"), ({"topics": None}, "topics"), ({"name": "other"}, "name"),
+                     ({"file.path": {"nested": 1}}, "file.path")):
+        status, err, _ = call(worker.url, "PATCH", "/connectors/c-patch/config", bad)
+        assert status == 400 and key in err["message"], (bad, err)
+    assert call(worker.url, "PATCH", "/connectors/c-patch/config", ["topics"])[0] == 400
+    assert call(worker.url, "GET", "/connectors/c-patch/config")[1] == expected, "a rejected patch was stored"
+
+
+def test_stop_is_204_and_statuses_carry_the_plugin_version_as_connect_4(worker, stack, make_topic, unique, pg):
+    from eosink.worker.version import VERSION
+
+    topic = make_topic(1)
+    name = unique
+    call(worker.url, "POST", "/connectors", {"name": name, "config": _pg_config(stack, topic, unique)})
+    status = _wait_task_state(worker, name, "RUNNING")
+    assert status["connector"]["version"] == VERSION and [t["version"] for t in status["tasks"]] == [VERSION]
+    assert call(worker.url, "GET", f"/connectors/{name}/tasks/0/status")[1]["version"] == VERSION
+    expanded = call(worker.url, "GET", "/connectors?expand=status")[1][name]["status"]
+    assert expanded["tasks"][0]["version"] == VERSION
+    assert call(worker.url, "PUT", f"/connectors/{name}/pause")[0] == 202
+    assert call(worker.url, "PUT", f"/connectors/{name}/stop")[:2] == (204, None)
+    wait_until(lambda: _status(worker, name)["tasks"] == [], 30, "tasks to stop")
+
+
+def test_topics_reset_empties_the_active_topics_until_the_connector_delivers_from_one_again(worker, stack, make_topic,
+                                                                                           unique, pg):
+    first, second = make_topic(1), make_topic(1)
+    name = unique
+    call(worker.url, "POST", "/connectors", {"name": name, "config": _pg_config(stack, f"{first},{second}", unique)})
+    produce(stack.kafka_bootstrap, first, [(0, b'{"id": "a0"}')])
+    produce(stack.kafka_bootstrap, second, [(0, b'{"id": "b0"}')])
+    wait_until(lambda: sorted(pg_ids(pg, unique)) == ["a0", "b0"], 60, "a0 and b0 delivered")  # decided before visible
+    assert call(worker.url, "GET", f"/connectors/{name}/topics")[1][name]["topics"] == sorted([first, second])
+    assert call(worker.url, "PUT", f"/connectors/{name}/topics/reset")[:2] == (202, None)
+    assert call(worker.url, "GET", f"/connectors/{name}/topics")[1] == {name: {"topics": []}}
+    produce(stack.kafka_bootstrap, second, [(0, b'{"id": "b1"}')])
+    wait_until(lambda: call(worker.url, "GET", f"/connectors/{name}/topics")[1][name]["topics"] == [second], 60,
+               "the topic delivered from after the reset to be active again (and only it)")
+    assert sorted(pg_ids(pg, unique)) == ["a0", "b0", "b1"]
+
+
+def test_admin_loggers_change_what_the_worker_really_logs(worker, tmp_path):
+    loggers = call(worker.url, "GET", "/admin/loggers")[1]
+    assert loggers["root"]["level"] and loggers["eosink"] == {"level": "INFO", "last_modified": None}, loggers
+    assert loggers["eosink.worker.control.rest"]["level"] == "INFO"
+    assert call(worker.url, "GET", "/admin/loggers/no.such.logger")[0] == 404
+    call(worker.url, "GET", "/connectors/probe-before")
+    assert "probe-before" not in worker.log_text(), "GET requests are logged at DEBUG only"
+    status, changed, _ = call(worker.url, "PUT", "/admin/loggers/eosink.worker.control", {"level": "DEBUG"})
+    assert status == 200 and "eosink.worker.control.rest" in changed and "eosink.worker.engine.task" not in changed, changed
+    got = call(worker.url, "GET", "/admin/loggers/eosink.worker.control.rest")[1]
+    assert got["level"] == "DEBUG" and got["last_modified"] > 0, got
+    call(worker.url, "GET", "/connectors/probe-after")
+    wait_until(lambda: "probe-after" in worker.log_text(), 10, "a DEBUG rest_request line once the level is DEBUG")
+    # a child set higher than its parent: the INFO lines of that logger go, its parent's stay DEBUG
+    assert call(worker.url, "PUT", "/admin/loggers/eosink.worker.control.rest", {"level": "ERROR"})[0] == 200
+    config = {"connector.class": "filesystem", "topics": "t-none", "file.path": str(tmp_path)}
+    assert call(worker.url, "POST", "/connectors", {"name": "quiet", "config": config})[0] == 201
+    assert call(worker.url, "GET", "/admin/loggers/eosink.worker.control")[1]["level"] == "DEBUG"
+    time.sleep(0.5)
+    assert "connector_created" not in worker.log_text(), "an INFO line of a logger set to ERROR was written"
+    for query, body, words in (("?scope=cluster", {"level": "INFO"}, "scope=cluster is not supported"),
+                               ("?scope=galaxy", {"level": "INFO"}, "scope"), ("", {"level": "LOUD"}, "LOUD"),
+                               ("", {}, "'level'")):
+        status, err, _ = call(worker.url, "PUT", f"/admin/loggers/eosink{query}", body)
+        assert status == 400 and words in err["message"], (query, body, err)
+    assert call(worker.url, "PUT", "/admin/loggers/eosink?scope=worker", {"level": "warn"})[0] == 200
+    assert call(worker.url, "GET", "/admin/loggers/eosink.worker.control.rest")[1]["level"] == "WARN"
+
+
 # -- failures, restart -------------------------------------------------------------------------------------------
 def test_failed_task_shows_its_trace_and_restart_only_failed_restarts_it(worker, stack, make_topic, unique, pg):
     topic = make_topic(1)
@@ -292,9 +377,9 @@ def test_failed_task_shows_its_trace_and_restart_only_failed_restarts_it(worker,
 
 def test_in_doubt_endpoint_lists_a_decided_uncommitted_txn_until_recovery_commits_it(stack, make_topic, unique, pg, tmp_path):
     """The runbook's fatal case: decided in ZooKeeper, not committed in PostgreSQL (the worker died)."""
-    from tests.procs import WorkerProcess, register
     from eosink.worker.control.store import ConnectorStore
     from eosink.worker.engine.zk import ZkSession
+    from tests.procs import WorkerProcess, register
 
     topic = make_topic(1)
     name = unique  # connector names are unique per test: txn ids are unique only within a cluster

@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import structlog
@@ -50,8 +50,42 @@ def redact(obj: Any) -> Any:
     return obj
 
 
-def _redact_processor(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+def _redact_processor(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     return redact(event) if _secrets else event
+
+
+#: structlog method name -> stdlib level number, for the per-logger gate.
+_METHOD_LEVEL = {"debug": 10, "info": 20, "msg": 20, "warning": 30, "warn": 30, "error": 40, "exception": 40,
+                 "critical": 50, "fatal": 50}
+#: Key carrying a logger's name in its event dict (bound by :func:`get_logger`, removed by the gate).
+_NAME_KEY = "_logger_name"
+ROOT = "eosink"  # every eosink logger is a child of this stdlib logger; its level is the configured one
+
+
+def _level_gate(_logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Per-logger levels: an event passes when the stdlib logger of its name is enabled for it, so
+    ``logging.getLogger(name).setLevel`` (the REST ``/admin/loggers``) governs it and its children."""
+    name = event.pop(_NAME_KEY, ROOT)
+    if not logging.getLogger(name).isEnabledFor(_METHOD_LEVEL.get(method, 20)):
+        raise structlog.DropEvent
+    return event
+
+
+def _refilter() -> None:
+    """structlog's cheap filter drops calls below the lowest level any eosink logger has."""
+    floor = logging.getLogger(ROOT).getEffectiveLevel()
+    for name, lg in list(logging.root.manager.loggerDict.items()):
+        if isinstance(lg, logging.Logger) and lg.level and (name == ROOT or name.startswith(ROOT + ".")):
+            floor = min(floor, lg.level)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(floor))
+
+
+def set_level(name: str, level: str | int | None) -> None:
+    """Set (or, with None, clear) the level of stdlib logger ``name``; eosink's structlog loggers of that name
+    and below follow it at once."""
+    logging.getLogger(None if name == "root" else name).setLevel(level if level is not None else logging.NOTSET)
+    if _configured:
+        _refilter()
 
 
 def configure(level: str | None = None, *, json: bool | None = None) -> None:
@@ -61,8 +95,10 @@ def configure(level: str | None = None, *, json: bool | None = None) -> None:
         fmt = os.environ.get("EOSINK_LOG_FORMAT", "auto")
         json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     renderer: Any = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    logging.getLogger(ROOT).setLevel(level_name)
     structlog.configure(
         processors=[
+            _level_gate,
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -75,12 +111,14 @@ def configure(level: str | None = None, *, json: bool | None = None) -> None:
         cache_logger_on_first_use=False,
     )
     _configured = True
+    _refilter()
 
 
 def get_logger(name: str) -> Any:
     if not _configured:
         configure()
-    return structlog.get_logger(name)
+    logging.getLogger(name)  # known to the stdlib tree: listed and settable through /admin/loggers
+    return structlog.get_logger(name, **{_NAME_KEY: name})
 
 
 def run_in_context(target: Callable[..., Any], *args: Any, name: str | None = None, daemon: bool = True) -> threading.Thread:

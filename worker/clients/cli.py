@@ -20,38 +20,27 @@ import threading
 from collections.abc import Sequence
 
 from eosink.connectors.api.errors import EosinkError
+from eosink.worker.clients import typed
+from eosink.worker.clients.typed import OneLineParser, setting
 
 
-def _defaults() -> dict[str, str]:
-    """Endpoints of the local stack, when there is one; environment variables win."""
-    out = {"bootstrap": "", "zookeeper": ""}
+def _stack_defaults() -> dict[str, str]:
+    """Endpoints of the local stack, when there is one (flags and environment variables win)."""
     try:
         from eosink.worker.stack import load_endpoints
 
         ep = load_endpoints()
-        out = {"bootstrap": ep.kafka_bootstrap, "zookeeper": ep.zookeeper_hosts}
+        return {"bootstrap": ep.kafka_bootstrap, "zookeeper": ep.zookeeper_hosts}
     except Exception:  # noqa: BLE001 - no local stack: flags or env must say
-        pass
-    out["bootstrap"] = os.environ.get("EOSINK_BOOTSTRAP_SERVERS", out["bootstrap"])
-    out["zookeeper"] = os.environ.get("EOSINK_ZOOKEEPER", out["zookeeper"])
-    return out
+        return {"bootstrap": "", "zookeeper": ""}
 
 
 def _cluster_args(p: argparse.ArgumentParser) -> None:
-    d = _defaults()
-    p.add_argument("--bootstrap-servers", default=d["bootstrap"], help="Kafka bootstrap servers (EOSINK_BOOTSTRAP_SERVERS)")
-    p.add_argument("--zookeeper", default=d["zookeeper"], help="ZooKeeper hosts (EOSINK_ZOOKEEPER)")
-    p.add_argument("--cluster", default=os.environ.get("EOSINK_CLUSTER", "default"), help="cluster name (EOSINK_CLUSTER)")
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise EosinkError(f"{name}={raw!r} is not an integer", component="cli") from None
+    d = _stack_defaults()
+    setting(p, "--bootstrap-servers", kind=typed.HOST_PORTS, env="EOSINK_BOOTSTRAP_SERVERS", default=d["bootstrap"],
+            help="Kafka bootstrap servers")
+    setting(p, "--zookeeper", kind=typed.ZK_HOSTS, env="EOSINK_ZOOKEEPER", default=d["zookeeper"], help="ZooKeeper hosts")
+    setting(p, "--cluster", kind=typed.WORD, env="EOSINK_CLUSTER", default="default", help="cluster name")
 
 
 #: Kafka client settings a worker passes through to every consumer, producer and admin client.
@@ -106,8 +95,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         rest_auth=auth,
         kafka=kafka,
     )
-    get_logger("eosink.worker.clients.cli").info("worker_configuring", cluster=opts.cluster, bootstrap=opts.bootstrap, zookeeper=opts.zookeeper,
-                                  rest=f"{opts.rest_host}:{opts.rest_port}" if opts.rest_port else "off",
+    get_logger("eosink.worker.clients.cli").info("worker_configuring", cluster=opts.cluster, bootstrap=opts.bootstrap,
+                                  zookeeper=opts.zookeeper, rest=f"{opts.rest_host}:{opts.rest_port}" if opts.rest_port else "off",
                                   rest_auth=("basic" if auth and auth.basic else "") + ("+token" if auth and auth.token else ""),
                                   kafka_settings=sorted(kafka))
     if args.metrics_port:
@@ -125,7 +114,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from eosink.worker.version import VERSION
 
-    p = argparse.ArgumentParser(prog="eosink", description="Exactly-once sink worker cluster.")
+    p = OneLineParser(prog="eosink", description="Exactly-once sink worker cluster.")
     p.add_argument("--version", action="version", version=f"eosink {VERSION}")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -135,25 +124,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("worker", help="run a worker")
     _cluster_args(w)
-    w.add_argument("--worker-id", default=os.environ.get("EOSINK_WORKER_ID", ""), help="stable id (EOSINK_WORKER_ID)")
-    w.add_argument("--session-timeout", type=float, default=float(os.environ.get("EOSINK_SESSION_TIMEOUT", "10")),
-                   help="ZooKeeper session timeout, seconds (EOSINK_SESSION_TIMEOUT)")
-    w.add_argument("--metrics-port", type=int, default=int(os.environ.get("EOSINK_METRICS_PORT", "0")),
-                   help="serve Prometheus /metrics on this port; 0 = off (EOSINK_METRICS_PORT)")
-    w.add_argument("--metrics-host", default=os.environ.get("EOSINK_METRICS_HOST", "0.0.0.0"), help="(EOSINK_METRICS_HOST)")
-    w.add_argument("--rest-host", default=os.environ.get("EOSINK_REST_HOST", "0.0.0.0"), help="REST API address (EOSINK_REST_HOST)")
-    w.add_argument("--rest-port", type=int, default=_env_int("EOSINK_REST_PORT", 8083),
-                   help="REST API port, also serving /metrics, /health, /ready; 0 = off (EOSINK_REST_PORT, default 8083)")
-    w.add_argument("--rest-advertised-url", default=os.environ.get("EOSINK_REST_ADVERTISED_URL", ""),
-                   help="URL other workers and tools reach this worker at (EOSINK_REST_ADVERTISED_URL)")
-    w.add_argument("--rest-basic-auth", default=os.environ.get("EOSINK_REST_BASIC_AUTH") or None, metavar="USER:PASSWORD",
-                   help="require HTTP basic auth on the REST API (EOSINK_REST_BASIC_AUTH)")
-    w.add_argument("--rest-token", default=os.environ.get("EOSINK_REST_TOKEN") or None,
-                   help="require this bearer token on the REST API (EOSINK_REST_TOKEN)")
+    setting(w, "--worker-id", kind=typed.TEXT, env="EOSINK_WORKER_ID", default="", help="stable id")
+    setting(w, "--session-timeout", kind=typed.DURATION, env="EOSINK_SESSION_TIMEOUT", default="10",
+            help="ZooKeeper session timeout: seconds, or 500ms / 10s / 2m")
+    setting(w, "--metrics-port", kind=typed.PORT, env="EOSINK_METRICS_PORT", default="0",
+            help="serve Prometheus /metrics on this port; 0 = off")
+    setting(w, "--metrics-host", kind=typed.HOST, env="EOSINK_METRICS_HOST", default="0.0.0.0", help="metrics address")
+    setting(w, "--rest-host", kind=typed.HOST, env="EOSINK_REST_HOST", default="0.0.0.0", help="REST API address")
+    setting(w, "--rest-port", kind=typed.PORT, env="EOSINK_REST_PORT", default="8083",
+            help="REST API port, also serving /metrics, /health, /ready; 0 = off (default 8083)")
+    setting(w, "--rest-advertised-url", kind=typed.URL, env="EOSINK_REST_ADVERTISED_URL", default="",
+            help="URL other workers and tools reach this worker at")
+    setting(w, "--rest-basic-auth", kind=typed.USER_PASSWORD, env="EOSINK_REST_BASIC_AUTH", metavar="USER:PASSWORD",
+            help="require HTTP basic auth on the REST API")
+    setting(w, "--rest-token", kind=typed.TEXT, env="EOSINK_REST_TOKEN", help="require this bearer token on the REST API")
     w.add_argument("--kafka-property", action="append", default=[], metavar="KEY=VALUE",
+                   type=lambda v: typed.read(typed.KEY_VALUE, v, "--kafka-property"),
                    help="Kafka client setting for every consumer/producer/admin, e.g. security.protocol=SASL_SSL "
                         "(also EOSINK_KAFKA_SECURITY_PROTOCOL, EOSINK_KAFKA_SASL_USERNAME, EOSINK_KAFKA_SSL_CA_LOCATION, ...)")
-    w.add_argument("--log-level", default=os.environ.get("EOSINK_LOG_LEVEL", "INFO"), help="(EOSINK_LOG_LEVEL)")
+    setting(w, "--log-level", kind=typed.LOG_LEVEL, env="EOSINK_LOG_LEVEL", default="INFO", help="log level")
     w.set_defaults(func=cmd_worker)
 
     from eosink.worker.clients.connectors_cmd import add_parser
@@ -165,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        # read by eosink.worker.logging as soon as anything logs, in every subcommand: checked first
+        typed.env("EOSINK_LOG_LEVEL", typed.LOG_LEVEL)
+        typed.env("EOSINK_LOG_FORMAT", typed.choice("auto", "json", "console"))
         if argv and argv[0] == "stack":
             from eosink.worker.stack.cli import main as stack_main
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -29,18 +28,33 @@ from typing import Any
 from urllib.parse import quote
 
 from eosink.connectors.api.errors import EosinkError
+from eosink.worker.clients import typed
+from eosink.worker.clients.typed import setting
 
 ACTIONS_DIRECT = ("apply", "list", "delete")
+
+
+def _offset_spec(raw: str) -> tuple[str, int, int | None]:
+    """``TOPIC:PARTITION=OFFSET`` (OFFSET may be null: back to consumer.auto.offset.reset)."""
+    tp, sep, off = raw.rpartition("=")
+    topic, sep2, part = tp.rpartition(":")
+    if not sep or not sep2 or not topic or not part.isdigit() or not (off.isdigit() or off == "null"):
+        raise ValueError(raw)
+    return topic, int(part), None if off == "null" else int(off)
+
+
+OFFSET_SPEC = typed.Kind(_offset_spec, "TOPIC:PARTITION=OFFSET (OFFSET a whole number, or null)")
 
 
 def add_parser(sub: Any) -> None:
     c = sub.add_parser("connectors", help="register and manage connectors (through a worker's REST API)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    c.add_argument("--url", default=os.environ.get("EOSINK_URL"), help="worker REST URL (EOSINK_URL; default http://127.0.0.1:8083)")
-    c.add_argument("--basic-auth", default=None, metavar="USER:PASSWORD", help="(EOSINK_REST_BASIC_AUTH)")
-    c.add_argument("--token", default=None, help="bearer token (EOSINK_REST_TOKEN)")
-    c.add_argument("--zookeeper", default=None, help="direct mode: write ZooKeeper instead of calling a worker (bootstrap)")
-    c.add_argument("--cluster", default=os.environ.get("EOSINK_CLUSTER", "default"), help="direct mode: cluster name (EOSINK_CLUSTER)")
+    setting(c, "--url", kind=typed.URL, env="EOSINK_URL", help="worker REST URL (default http://127.0.0.1:8083)")
+    setting(c, "--basic-auth", kind=typed.USER_PASSWORD, env="EOSINK_REST_BASIC_AUTH", metavar="USER:PASSWORD",
+            help="HTTP basic credentials")
+    setting(c, "--token", kind=typed.TEXT, env="EOSINK_REST_TOKEN", help="bearer token")
+    setting(c, "--zookeeper", kind=typed.ZK_HOSTS, help="direct mode: write ZooKeeper instead of calling a worker (bootstrap)")
+    setting(c, "--cluster", kind=typed.WORD, env="EOSINK_CLUSTER", default="default", help="direct mode: cluster name")
     c.add_argument("--bootstrap-servers", help=argparse.SUPPRESS)  # accepted for compatibility; unused
     a = c.add_subparsers(dest="action", required=True)
     p = a.add_parser("apply", help="create or update connectors from JSON files (or directories of them)")
@@ -49,8 +63,8 @@ def add_parser(sub: Any) -> None:
     p = a.add_parser("status", help="connector and task states, per-partition lag and delivered counts")
     p.add_argument("name", nargs="?")
     p.add_argument("--watch", action="store_true", help="refresh until interrupted")
-    p.add_argument("--interval", type=float, default=2.0)
-    p.add_argument("--count", type=int, default=0, help="with --watch: stop after this many refreshes")
+    setting(p, "--interval", kind=typed.DURATION, default="2", help="with --watch: time between refreshes (2, 500ms, ...)")
+    setting(p, "--count", kind=typed.COUNT, default="0", help="with --watch: stop after this many refreshes (0 = never)")
     p.add_argument("--json", action="store_true")
     for action in ("pause", "resume", "stop", "delete", "transactions"):
         a.add_parser(action).add_argument("name")
@@ -60,7 +74,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--only-failed", action="store_true")
     p = a.add_parser("offsets", help="show, alter (--set) or reset (--reset) offsets; the connector must be stopped to change them")
     p.add_argument("name")
-    p.add_argument("--set", action="append", default=[], metavar="TOPIC:PARTITION=OFFSET")
+    p.add_argument("--set", action="append", default=[], metavar="TOPIC:PARTITION=OFFSET",
+                   type=lambda v: typed.read(OFFSET_SPEC, v, "--set"))
     p.add_argument("--reset", action="store_true")
     p = a.add_parser("plugins", help="connector classes; --docs prints every configuration key as Markdown")
     p.add_argument("--docs", action="store_true")
@@ -166,14 +181,8 @@ def _offsets(args: argparse.Namespace, client: Any) -> int:
         print(client.connector(args.name, "offsets", "DELETE")[1]["message"])
         return 0
     if args.set:
-        items = []
-        for spec in args.set:
-            tp, sep, off = spec.rpartition("=")
-            topic, sep2, part = tp.rpartition(":")
-            if not sep or not sep2 or not part.isdigit() or not (off.isdigit() or off == "null"):
-                raise EosinkError(f"--set {spec!r}: expected TOPIC:PARTITION=OFFSET (OFFSET may be null)", component="cli")
-            items.append({"partition": {"kafka_topic": topic, "kafka_partition": int(part)},
-                          "offset": None if off == "null" else {"kafka_offset": int(off)}})
+        items = [{"partition": {"kafka_topic": topic, "kafka_partition": part},
+                  "offset": None if off is None else {"kafka_offset": off}} for topic, part, off in args.set]
         print(client.request("PATCH", f"/connectors/{quote(args.name, safe='')}/offsets", {"offsets": items})[1]["message"])
         return 0
     for o in client.connector(args.name, "offsets", "GET")[1]["offsets"]:

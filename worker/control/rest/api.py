@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -30,6 +30,7 @@ from eosink.connectors.api.records import TopicPartition
 from eosink.worker.control import plugins
 from eosink.worker.control.admin import ClusterAdmin, OffsetsConflict
 from eosink.worker.control.config import CONNECTOR_NAME, masked_config, parse_connector
+from eosink.worker.control.rest.connect4 import plugin_version, with_version
 from eosink.worker.control.rest.messages import ApiError, Request, Response, check_config_values
 from eosink.worker.control.store import ConnectorStore
 from eosink.worker.engine.zk import ZkSession
@@ -166,7 +167,7 @@ class ConnectApi:
             if "info" in expand:
                 item["info"] = self._info(n)
             if "status" in expand:
-                item["status"] = self.admin.status(n, self.store.target_state(n))
+                item["status"] = self._status(n)
             out[n] = item
         return Response(200, out)
 
@@ -217,9 +218,13 @@ class ConnectApi:
             time.sleep(0.05)
         return Response(204)
 
+    def _status(self, name: str, restarting: list[int] | None = None) -> dict[str, Any]:
+        """Connect 4's status: eosink's, with the plugin ``version`` on the connector and each task."""
+        status = self.admin.status(name, self.store.target_state(name), restarting=restarting or [])
+        return with_version(status, plugin_version(self.store.get(name)))
+
     def status(self, req: Request) -> Response:
-        name = self._name(req)
-        return Response(200, self.admin.status(name, self.store.target_state(name)))
+        return Response(200, self._status(self._name(req)))
 
     def tasks(self, req: Request) -> Response:
         name = self._name(req)
@@ -238,8 +243,8 @@ class ConnectApi:
         raise ApiError(404, f"Task {name}-{raw} not found")
 
     def task_status(self, req: Request) -> Response:
-        _, t = self._task(req)
-        return Response(200, ClusterAdmin.task_json(t))
+        name, t = self._task(req)
+        return Response(200, with_version(ClusterAdmin.task_json(t), plugin_version(self.store.get(name))))
 
     def task_restart(self, req: Request) -> Response:
         name, t = self._task(req)
@@ -260,7 +265,8 @@ class ConnectApi:
         return self._set_state(req, "RUNNING")
 
     def stop(self, req: Request) -> Response:
-        return self._set_state(req, "STOPPED")
+        self._set_state(req, "STOPPED")
+        return Response(204)  # Connect answers a stop with 204, pause and resume with 202
 
     def restart(self, req: Request) -> Response:
         name = self._name(req)
@@ -272,11 +278,7 @@ class ConnectApi:
         log.info("connector_restart_requested", connector=name, tasks=[t.id for t in chosen], only_failed=only_failed)
         if not include_tasks and not only_failed:
             return Response(204)
-        return Response(202, self.admin.status(name, self.store.target_state(name), restarting=[t.id for t in chosen]))
-
-    def topics(self, req: Request) -> Response:
-        name = self._name(req)
-        return Response(200, {name: {"topics": self.admin.topics(name)}})
+        return Response(202, self._status(name, restarting=[t.id for t in chosen]))
 
     # -- offsets -------------------------------------------------------------------------------------
     def get_offsets(self, req: Request) -> Response:
@@ -392,37 +394,4 @@ class ConnectApi:
         return Response(200, plugins.validate(plugin, cfg))
 
 
-Handler = Callable[[ConnectApi, Request], Response]
-
-#: (method, path pattern) -> handler; ``{x}`` matches one path segment.
-ROUTES: list[tuple[str, str, Handler]] = [
-    ("GET", "/", ConnectApi.root),
-    ("GET", "/health", ConnectApi.health),
-    ("GET", "/ready", ConnectApi.ready),
-    ("GET", "/metrics", ConnectApi.metrics),
-    ("GET", "/openapi.json", ConnectApi.openapi),
-    ("GET", "/connectors", ConnectApi.list_connectors),
-    ("POST", "/connectors", ConnectApi.create),
-    ("GET", "/connectors/{name}", ConnectApi.get),
-    ("DELETE", "/connectors/{name}", ConnectApi.delete),
-    ("GET", "/connectors/{name}/config", ConnectApi.get_config),
-    ("PUT", "/connectors/{name}/config", ConnectApi.put_config),
-    ("GET", "/connectors/{name}/status", ConnectApi.status),
-    ("GET", "/connectors/{name}/tasks", ConnectApi.tasks),
-    ("GET", "/connectors/{name}/tasks/{task}/status", ConnectApi.task_status),
-    ("POST", "/connectors/{name}/tasks/{task}/restart", ConnectApi.task_restart),
-    ("PUT", "/connectors/{name}/pause", ConnectApi.pause),
-    ("PUT", "/connectors/{name}/resume", ConnectApi.resume),
-    ("PUT", "/connectors/{name}/stop", ConnectApi.stop),
-    ("POST", "/connectors/{name}/restart", ConnectApi.restart),
-    ("GET", "/connectors/{name}/topics", ConnectApi.topics),
-    ("GET", "/connectors/{name}/offsets", ConnectApi.get_offsets),
-    ("PATCH", "/connectors/{name}/offsets", ConnectApi.patch_offsets),
-    ("DELETE", "/connectors/{name}/offsets", ConnectApi.delete_offsets),
-    ("GET", "/connectors/{name}/transactions", ConnectApi.transactions),
-    ("GET", "/connector-plugins", ConnectApi.list_plugins),
-    ("GET", "/connector-plugins/{plugin}/config", ConnectApi.plugin_config),
-    ("PUT", "/connector-plugins/{plugin}/config/validate", ConnectApi.validate),
-]
-
-__all__ = ["ROUTES", "ConnectApi", "WorkerView"]
+__all__ = ["STATES", "ConnectApi", "WorkerView"]

@@ -15,10 +15,11 @@ from typing import Any
 class ApiError(Exception):
     """A request that gets Kafka Connect's error body: ``{"error_code": status, "message": message}``."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers or {}
 
 
 @dataclass

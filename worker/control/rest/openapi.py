@@ -27,6 +27,8 @@ _NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "str
 _TASK = {"name": "task", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 0}}
 _PLUGIN = {"name": "plugin", "in": "path", "required": True, "schema": {"type": "string"},
            "description": "alias (postgres), class name or simple class name"}
+_LOGGER = {"name": "logger", "in": "path", "required": True, "schema": {"type": "string"},
+           "description": "logger name (eosink.worker.control.rest, ...) or root"}
 _DEFAULT = {"default": _error("an error: 400 bad request, 401 unauthenticated, 503 ZooKeeper unavailable, ...")}
 _NOT_FOUND = {"404": _error("no such connector")}
 
@@ -59,7 +61,7 @@ SCHEMAS: dict[str, Any] = {
     "TaskStatus": {"type": "object", "required": ["id", "state", "worker_id"], "properties": {
         "id": {"type": "integer"}, "worker_id": {"type": "string"}, "trace": {"type": "string"},
         "state": {"type": "string", "enum": ["UNASSIGNED", "RUNNING", "PAUSED", "FAILED", "RESTARTING"]},
-        "eosink_state": {"type": "string"},
+        "version": {"type": "string"}, "eosink_state": {"type": "string"},
         "partitions": {"type": "array", "items": {"type": "object", "properties": {
             "partition": {"type": "string"}, "epoch": {"type": ["integer", "null"]}, "lag": {"type": ["integer", "null"]},
             "delivered": {"type": "integer"}}}},
@@ -68,7 +70,7 @@ SCHEMAS: dict[str, Any] = {
         "name": {"type": "string"}, "type": {"type": "string"},
         "connector": {"type": "object", "required": ["state", "worker_id"], "properties": {
             "state": {"type": "string", "enum": ["UNASSIGNED", "RUNNING", "PAUSED", "STOPPED", "FAILED", "RESTARTING"]},
-            "worker_id": {"type": "string"}, "trace": {"type": "string"}}},
+            "worker_id": {"type": "string"}, "trace": {"type": "string"}, "version": {"type": "string"}}},
         "tasks": {"type": "array", "items": _ref("TaskStatus")}}},
     "Offsets": {"type": "object", "required": ["offsets"], "properties": {"offsets": {"type": "array", "items": {
         "type": "object", "required": ["partition", "offset"], "properties": {
@@ -97,6 +99,8 @@ SCHEMAS: dict[str, Any] = {
             "txn": {"type": "string"}, "state": {"type": "string", "enum": ["DECIDED", "FENCED", "PREPARED", "IN_DOUBT"]},
             "partitions": {"type": "array", "items": {"type": "string"}}, "sinks": {"type": "array", "items": {"type": "string"}},
             "reason": {"type": "string"}, "reported_by": {"type": "string"}}}}}},
+    "LoggerLevel": {"type": "object", "required": ["level", "last_modified"], "properties": {
+        "level": {"type": "string"}, "last_modified": {"type": ["integer", "null"]}}},
     "Probe": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}, "message": {"type": "string"}}},
 }
 
@@ -150,6 +154,10 @@ def document() -> dict[str, Any]:
                                             "201": _json(_ref("ConnectorInfo"), "created"),
                                             "400": _error("invalid configuration (names the key)")},
                        params=[_NAME], body=_ref("Config")),
+            "patch": _op("merge keys into the configuration (a null value removes the key)", {
+                "200": _json(_ref("ConnectorInfo"), "updated"), "400": _error("the merged configuration is invalid"),
+                **_NOT_FOUND}, params=[_NAME], body={"type": "object", "additionalProperties": {
+                    "oneOf": [_CONFIG_VALUE], "nullable": True}}),
         },
         "/connectors/{name}/status": {"get": _op("connector and task states", {
             "200": _json(_ref("ConnectorStatus"), "status"), **_NOT_FOUND}, params=[_NAME])},
@@ -163,8 +171,8 @@ def document() -> dict[str, Any]:
         "/connectors/{name}/pause": {"put": _op("pause: tasks keep their partitions, cycles stop",
                                                 {**accepted, **_NOT_FOUND}, params=[_NAME])},
         "/connectors/{name}/resume": {"put": _op("resume", {**accepted, **_NOT_FOUND}, params=[_NAME])},
-        "/connectors/{name}/stop": {"put": _op("stop: tasks stop, partitions released", {**accepted, **_NOT_FOUND},
-                                               params=[_NAME])},
+        "/connectors/{name}/stop": {"put": _op("stop: tasks stop, partitions released", {
+            "204": {"description": "stop requested"}, **_NOT_FOUND}, params=[_NAME])},
         "/connectors/{name}/restart": {"post": _op("restart the connector's tasks", {
             "204": {"description": "restart requested (no parameters)"},
             "202": _json(_ref("ConnectorStatus"), "restart requested; the tasks being restarted are RESTARTING"),
@@ -174,6 +182,8 @@ def document() -> dict[str, Any]:
         "/connectors/{name}/topics": {"get": _op("topics the connector has consumed", {
             "200": _json({"type": "object", "additionalProperties": {"type": "object", "properties": {
                 "topics": {"type": "array", "items": {"type": "string"}}}}}, "active topics"), **_NOT_FOUND}, params=[_NAME])},
+        "/connectors/{name}/topics/reset": {"put": _op("empty the active topics (until the connector delivers from one again)",
+                                                       {**accepted, **_NOT_FOUND}, params=[_NAME])},
         "/connectors/{name}/offsets": {
             "get": _op("next offset to deliver per partition (the decision log)",
                        {"200": _json(_ref("Offsets"), "offsets"), **_NOT_FOUND}, params=[_NAME]),
@@ -195,6 +205,20 @@ def document() -> dict[str, Any]:
             "200": _json(_ref("ConfigInfos"), "every key with its value and errors"),
             "400": _error("not a configuration, or connector.class names another plugin"), "404": _error("no such plugin")},
             params=[_PLUGIN], body=_ref("Config"), tag="plugins")},
+        "/admin/loggers": {"get": _op("every logger of this worker with its level", {
+            "200": _json({"type": "object", "additionalProperties": _ref("LoggerLevel")}, "loggers")}, tag="admin")},
+        "/admin/loggers/{logger}": {
+            "get": _op("one logger's level", {"200": _json(_ref("LoggerLevel"), "level"), "404": _error("no such logger")},
+                       params=[_LOGGER], tag="admin"),
+            "put": _op("set the level of a logger and every logger below it, in this worker", {
+                "200": _json({"type": "array", "items": {"type": "string"}}, "the loggers whose level was set"),
+                "400": _error("no or an unknown level, or scope=cluster (not supported)")},
+                params=[_LOGGER, {"name": "scope", "in": "query", "required": False,
+                                  "schema": {"type": "string", "enum": ["worker", "cluster"], "default": "worker"}}],
+                body={"type": "object", "required": ["level"], "properties": {"level": {
+                    "type": "string", "enum": ["OFF", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE", "ALL"]}}},
+                tag="admin"),
+        },
     }
     return _nullable_types({
         "openapi": "3.0.3",

@@ -1,6 +1,6 @@
 """The worker's HTTP server: stdlib ``ThreadingHTTPServer``, one thread per connection.
 
-No web framework: the API is a routing table (:data:`eosink.worker.control.rest.api.ROUTES`) over ZooKeeper
+No web framework: the API is a routing table (:data:`eosink.worker.control.rest.routes.ROUTES`) over ZooKeeper
 calls, and the stdlib server keeps the worker image and its dependency set small. The handler
 reads the body (Content-Length or chunked, at most :data:`MAX_BODY`), routes, authenticates,
 maps every failure to Kafka Connect's ``{"error_code", "message"}`` - ZooKeeper being away is a
@@ -17,9 +17,10 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from eosink.connectors.api.errors import EosinkError, RetryableError
-from eosink.worker.control.rest.api import ROUTES, ConnectApi, WorkerView
+from eosink.worker.control.rest.api import ConnectApi, WorkerView
 from eosink.worker.control.rest.auth import OPEN_PATHS, RestAuth
 from eosink.worker.control.rest.messages import ApiError, Request, Response
+from eosink.worker.control.rest.routes import ROUTES
 from eosink.worker.logging import get_logger, redact
 
 log = get_logger("eosink.worker.control.rest")
@@ -29,7 +30,7 @@ _PATTERNS = [(m, tuple(p.strip("/").split("/")) if p != "/" else (), h) for m, p
 
 
 def route(method: str, segments: tuple[str, ...]) -> tuple[Any, dict[str, str], list[str]]:
-    """(handler or None, path params, methods allowed on this path)."""
+    """(handler or None, path params, methods allowed on this path: every one, when there is no handler)."""
     allowed: list[str] = []
     for m, pattern, handler in _PATTERNS:
         if len(pattern) != len(segments):
@@ -44,6 +45,8 @@ def route(method: str, segments: tuple[str, ...]) -> tuple[Any, dict[str, str], 
             allowed.append(m)
             if m == method or (method == "HEAD" and m == "GET"):
                 return handler, params, allowed
+    if "GET" in allowed:
+        allowed.append("HEAD")
     return None, {}, allowed
 
 
@@ -110,8 +113,9 @@ class _Handler(BaseHTTPRequestHandler):
             body = self._body()
             handler, params, allowed = route(method, segments)
             if handler is None:
-                if allowed:
-                    raise ApiError(405, f"HTTP method {method} is not supported for {path}; allowed: {', '.join(allowed)}")
+                if allowed:  # RFC 9110: a 405 lists the path's methods in Allow (Connect's Jersey sends none)
+                    raise ApiError(405, f"HTTP method {method} is not supported for {path}; allowed: {', '.join(allowed)}",
+                                   {"Allow": ", ".join(allowed)})
                 raise ApiError(404, f"no such resource: {path}")
             norm = "/" + "/".join(segments)
             if self.auth is not None and norm not in OPEN_PATHS and not self.auth.allows(self.headers.get("Authorization")):
@@ -121,7 +125,7 @@ class _Handler(BaseHTTPRequestHandler):
             req = Request(method, norm, params, parse_qs(split.query, keep_blank_values=True), body)
             response = handler(self.api, req)
         except ApiError as exc:
-            response = Response(exc.status, {"error_code": exc.status, "message": exc.message})
+            response = Response(exc.status, {"error_code": exc.status, "message": exc.message}, exc.headers)
         except Exception as exc:  # noqa: BLE001 - every failure is an error response, never a dropped connection
             if _zk_unavailable(exc):
                 response = Response(503, {"error_code": 503, "message": f"ZooKeeper is not available: {exc}"})
