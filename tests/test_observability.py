@@ -187,3 +187,20 @@ def test_unresolved_prepared_txn_age_grows_until_it_is_resolved(stack, unique, m
     wait_until(lambda: value(scrape(w.url), "eosink_prepared_unresolved", connector=name) == 0
                and value(scrape(w.url), "eosink_prepared_unresolved_age_seconds", connector=name) == 0, 60,
                "the unresolved count and age to read 0 once it is resolved")
+
+
+def test_task_failed_reads_1_for_a_connector_whose_task_cannot_start(stack, unique, make_topic, tmp_path, workers):
+    """A task that fails in ``open`` never exists to be read: the worker's failure is the series."""
+    from tests.procs import free_port
+
+    topic = make_topic(1)
+    name = unique.replace("_", "-")
+    nowhere = f"postgresql://eosink@127.0.0.1:{free_port()}/nothing?connect_timeout=2"  # nothing listens there
+    w = start_worker(stack, unique, "w-nostart", tmp_path, session_timeout=SESSION)
+    workers.append(w)
+    assert call(w.url, "POST", "/connectors", {"name": name, "config": {**_pg_config(stack, topic, unique),
+                                                                        "connection.url": nowhere}})[0] == 201
+    wait_until(lambda: call(w.url, "GET", f"/connectors/{name}/status")[1].get("connector", {}).get("state") == "FAILED",
+               60, f"{name} to be reported FAILED")
+    wait_until(lambda: value(scrape(w.url), "eosink_task_failed", connector=name) == 1.0, 10,
+               f"eosink_task_failed{{connector={name}}} to read 1 while /status says FAILED")
