@@ -88,15 +88,17 @@ def go_binary(module: str, version: str, names: Sequence[str], *, component: str
 
 
 def run_with_progress(argv: list[str], env: dict[str, str] | None, what: str, component: str, out: TextIO,
-                      timeout_s: float = GO_BUILD_TIMEOUT_S, every_s: float = PROGRESS_EVERY_S
+                      timeout_s: float = GO_BUILD_TIMEOUT_S, every_s: float | None = None
                       ) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` to completion, printing ``what...`` first and an elapsed-time line every ``every_s``."""
+    """Run ``argv`` to completion, printing ``what...`` first and an elapsed-time line every ``every_s``
+    (default :data:`PROGRESS_EVERY_S`)."""
+    every = PROGRESS_EVERY_S if every_s is None else every_s
     print(f"{component}: {what}...", file=out, flush=True)
     started = time.monotonic()
     finished = threading.Event()
 
     def tick() -> None:
-        while not finished.wait(every_s):
+        while not finished.wait(every):
             print(f"{component}: still {what.split(' (')[0]}, {time.monotonic() - started:.0f} s so far", file=out, flush=True)
 
     ticker = threading.Thread(target=tick, name=f"progress-{component}", daemon=True)
