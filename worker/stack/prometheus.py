@@ -64,6 +64,9 @@ class LocalPrometheus:
         self.workdir, self.port = workdir, port
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = workdir / "prometheus.log"
+        if not (OBSERVABILITY / "alerts.yml").is_file():
+            raise ComponentError(COMPONENT, f"the alert rules {OBSERVABILITY / 'alerts.yml'} are missing: run from a "
+                                 "checkout of the repository (pip install -e .), where docker/observability/ is", None)
         workdir.mkdir(parents=True, exist_ok=True)
         rules = (OBSERVABILITY / "alerts.yml").read_text()
         (workdir / "alerts.yml").write_text(rules_with_for(rules, alert_for) if alert_for else rules)
