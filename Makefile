@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 EOSINK := $(VENV)/bin/eosink
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: venv stack demo test down clean bench $(BENCHES)
+.PHONY: venv stack demo test observe down clean bench $(BENCHES)
 
 $(STAMP):
 	@test -x $(PY) || $(PY_SYS) -m venv $(VENV)
@@ -24,6 +24,11 @@ demo: stack
 
 test: stack
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Three workers watched by a real Prometheus with docker/observability/alerts.yml; a drill fires
+# EosinkTaskFailed and EosinkWorkerDown; prints the URL and the firing alerts (OBSERVE_ARGS=--once to exit).
+observe: stack
+	$(PY) bench/observe.py $(OBSERVE_ARGS)
 
 # Benchmarks (ratios against a baseline measured in the same script): `make bench-worker`, ...
 BENCHES := bench-worker bench-cluster bench-postgres bench-s3 bench-http bench-iceberg bench-spark

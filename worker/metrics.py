@@ -72,6 +72,10 @@ class WorkerView(Protocol):
 
     def is_leader(self) -> bool: ...
 
+    def failed_connectors(self) -> list[str]:
+        """Connectors this worker should run but whose task would not start (no task to read)."""
+        ...
+
 
 class LiveCollector(Collector):
     """The state metrics, computed from the registered task and worker at every scrape."""
@@ -130,6 +134,9 @@ class LiveCollector(Collector):
                 fresh.add_metric([c, tp.topic, str(tp.partition)], max(0.0, now - at))
             unresolved.add_metric([c], len(g["unresolved_since"]))
             age.add_metric([c], max((now - s for s in g["unresolved_since"]), default=0.0))
+        with_task = {t.connector for t in tasks}
+        for c in sorted({c for w in workers for c in w.failed_connectors()} - with_task):
+            failed.add_metric([c], 1.0)  # it failed before it had a task: FAILED in /status too
         yield from (failed, assigned, lag, fresh, unresolved, age)
         if workers:
             zk = GaugeMetricFamily("eosink_zookeeper_connected", "1 while this worker's ZooKeeper session is connected.")

@@ -131,6 +131,9 @@ class Worker:
     def is_leader(self) -> bool:
         return self.leading and self.session.can_decide()
 
+    def failed_connectors(self) -> list[str]:
+        return [n for n in list(self.failures) if n not in self.running]
+
     # -- the loop -------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         metrics.track_worker(self)

@@ -1,7 +1,8 @@
 """JVM servers from Maven Central: resolve a pom's jars once into a cache, find ``java``.
 
 The cache key is the pom's content hash, so editing a pom resolves afresh and an unchanged pom
-never runs Maven again (the ``.complete`` marker is written only after a full copy).
+never runs Maven again (the ``.complete`` marker is written only after a full copy). A first run
+prints what it resolves and an elapsed-time line every ~10 s on stderr, as Maven is quiet here.
 """
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
+import sys
 import threading
 from pathlib import Path
 
 from eosink.worker.stack import proc
 from eosink.worker.stack.errors import ComponentError
+from eosink.worker.stack.gotools import run_with_progress
 
 POM_DIR = Path(__file__).resolve().parent / "jvm"
 MAVEN_TIMEOUT_S = 600
@@ -75,10 +77,9 @@ def resolve_jars(name: str, component: str) -> Path:
         target.mkdir(parents=True, exist_ok=True)
         argv = [mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(pom),
                 "dependency:copy-dependencies", f"-DoutputDirectory={target}"]
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=MAVEN_TIMEOUT_S, check=False)
-        except subprocess.TimeoutExpired:
-            raise ComponentError(component, f"Maven did not resolve {pom} within {MAVEN_TIMEOUT_S}s", None) from None
+        # Silent for up to minutes otherwise: say what runs, then how long it has been running.
+        done = run_with_progress(argv, None, f"resolving {name} jars with Maven (first run only)", component,
+                                 sys.stderr, timeout_s=MAVEN_TIMEOUT_S)
         if done.returncode != 0 or not any(target.glob("*.jar")):
             output = proc.strip_ansi(done.stdout + done.stderr)
             tail = "\n".join(output.splitlines()[-20:])
