@@ -11,13 +11,14 @@ prints an elapsed-time line every ~10 s on stderr so that a first run is not mis
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -67,7 +68,7 @@ def go_binary(module: str, version: str, names: Sequence[str], *, component: str
         raise ComponentError(
             who,
             f"the Go toolchain (`go`) was not found on PATH; it is needed once to build {', '.join(names)} "
-            f"{version} from {module} into {target} (install Go 1.22+ from https://go.dev/dl/, "
+            f"{version} from {module} into {target} (install Go 1.24+ (Debian: apt-get install golang-go, or put go on PATH), "
             "or put already built binaries there)",
             None,
         )
@@ -111,3 +112,19 @@ def run_with_progress(argv: list[str], env: dict[str, str] | None, what: str, co
         finished.set()
         ticker.join()
         print(f"{component}: done after {time.monotonic() - started:.0f} s", file=out, flush=True)
+
+
+class ReportLines(io.TextIOBase):
+    """A text stream that hands each complete line to ``report`` (the stack's progress printer)."""
+
+    def __init__(self, report: Callable[[str], None]) -> None:
+        self.report = report
+        self._buf = ""
+
+    def write(self, text: str) -> int:
+        self._buf += text
+        *lines, self._buf = self._buf.split("\n")
+        for line in lines:
+            if line:
+                self.report(line)
+        return len(text)

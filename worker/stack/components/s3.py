@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eosink.worker.stack import gobuild, proc
+from eosink.worker.stack import gotools, proc
 from eosink.worker.stack.components.base import Component
 from eosink.worker.stack.layout import HOST, port
 
@@ -37,9 +37,10 @@ def server_env() -> dict[str, str]:
             "MINIO_UPDATE": "off"}
 
 
-def binary(report: Callable[[str], None] = lambda _m: None, log_path: Path | None = None) -> Path:
-    """The MinIO binary, built on first use (see :mod:`eosink.worker.stack.gobuild`)."""
-    return gobuild.ensure_binary("minio", MODULE, VERSION, "s3", report=report, log_path=log_path)
+def binary(report: Callable[[str], None] | None = None) -> Path:
+    """The MinIO binary, built from its Go module on first use (see :mod:`eosink.worker.stack.gotools`)."""
+    progress = gotools.ReportLines(report) if report is not None else None
+    return gotools.go_binary(MODULE, VERSION, ["minio"], component="s3", progress=progress)["minio"]
 
 
 class S3(Component):
@@ -57,11 +58,11 @@ class S3(Component):
         return f"http://{HOST}:{port(PORT_ENV)}"
 
     def prepare(self, report: Callable[[str], None]) -> None:
-        binary(report, self.log_path)
+        binary(report)
 
     def launch(self) -> int:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        argv = server_argv(binary(log_path=self.log_path), self.data_dir, port(PORT_ENV), port(CONSOLE_PORT_ENV))
+        argv = server_argv(binary(), self.data_dir, port(PORT_ENV), port(CONSOLE_PORT_ENV))
         return proc.spawn(argv, self.log_path, cwd=self.data_dir, env=server_env())
 
     def probe(self) -> None:
