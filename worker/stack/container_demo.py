@@ -260,7 +260,7 @@ def count_sinks(ep: Any, names: Names, home: Path, committed: set[str]) -> dict[
             archive += [json.loads(line)["order_id"] for line in body.splitlines() if line]
     files: list[str] = []
     for f in sorted((home / "demo-out" / names.connector / "committed").glob("*.jsonl")):
-        files += [json.loads(line)["order_id"] for line in f.read_text().splitlines() if line]
+        files += [json.loads(line)["value"]["order_id"] for line in f.read_text().splitlines() if line]  # the record under "value"
     return {"postgres": {**summary(pg_ids), "prepared_left": prepared}, "iceberg": summary(lake.column("order_id").to_pylist()),
             "s3_archive": summary(archive), "files": summary(files)}
 
