@@ -39,7 +39,7 @@ def _ref(engine: images.Engine, tag: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def built(engine) -> dict[str, dict[str, object]]:
+def built(engine) -> dict[str, images.Built]:
     """Both images, built from this checkout (cached layers make a rebuild of unchanged code take seconds)."""
     return images.build(list(images.IMAGES), report=lambda m: print(m, file=sys.stderr))
 
@@ -48,7 +48,7 @@ def built(engine) -> dict[str, dict[str, object]]:
 def containers(engine, built, stack, unique, tmp_path):
     """Worker containers for this test's own cluster, removed by id afterwards."""
     home = cd.shared_home(tmp_path / "eosink-home")
-    cluster = cd.WorkerContainers(engine, _ref(engine, str(built["worker"]["tag"])), cd.worker_env(stack, unique), home)
+    cluster = cd.WorkerContainers(engine, _ref(engine, built["worker"]["tag"]), cd.worker_env(stack, unique), home)
     yield cluster
     cluster.remove()
 
@@ -65,7 +65,7 @@ def test_images_build_without_podman_or_docker_names_what_to_install(tmp_path):
 
 
 def test_worker_image_runs_non_root_without_pyspark_or_a_compiler(engine, built):
-    image = _ref(engine, str(built["worker"]["tag"]))
+    image = _ref(engine, built["worker"]["tag"])
     probe = ("import importlib.util as u, os, shutil; "
              "print(os.getuid(), u.find_spec('pyspark') is None, [c for c in ('gcc', 'cc', 'g++') if shutil.which(c)], "
              "all(u.find_spec(m) for m in ('eosink.connectors.iceberg', 'eosink.connectors.s3', 'boto3', 'pyiceberg')))")
@@ -162,7 +162,7 @@ def test_spark_image_publishes_the_orders_job_exactly_once_also_when_run_again(e
     argv = [a.replace("kafka:9092", stack.kafka_bootstrap).replace("eosink-demo-orders", topic).replace("compose-demo-1", unique)
             for a in svc["command"]]
     argv[argv.index("--n") + 1] = "3000"
-    image = _ref(engine, str(built["spark"]["tag"]))
+    image = _ref(engine, built["spark"]["tag"])
     started: list[str] = []
     try:
         for attempt in range(2):  # the same run id again: the ledger says it is done, nothing new is published
@@ -181,5 +181,5 @@ def test_spark_image_publishes_the_orders_job_exactly_once_also_when_run_again(e
 
 def test_image_build_reports_sizes_and_times(built):
     for key, r in built.items():
-        assert int(r["size_bytes"]) > 50e6 and float(r["build_seconds"]) >= 0, (key, r)  # type: ignore[arg-type]
-    assert int(built["worker"]["size_bytes"]) < int(built["spark"]["size_bytes"]), "the worker image carries no Spark or JVM"
+        assert r["size_bytes"] > 50e6 and r["build_seconds"] >= 0, (key, r)
+    assert built["worker"]["size_bytes"] < built["spark"]["size_bytes"], "the worker image carries no Spark or JVM"

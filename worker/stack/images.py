@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from eosink.connectors.api.errors import ConfigError, FatalError
 
@@ -73,6 +74,14 @@ class Engine:
 
     def cmd(self, *args: str) -> list[str]:
         return [*self.argv, *args]
+
+
+class Built(TypedDict):
+    """What :func:`build` reports per image (README's size and build-time table comes from these)."""
+
+    tag: str
+    size_bytes: int
+    build_seconds: float
 
 
 def _is_root() -> bool:
@@ -186,7 +195,7 @@ def ensure_wheelhouse(image: Image, report: Callable[[str], None]) -> Path:
 
 
 def build(keys: Sequence[str], *, public_base: bool = False, offline: bool = True, install: bool = True,
-          report: Callable[[str], None] = print) -> dict[str, dict[str, object]]:
+          report: Callable[[str], None] = print) -> dict[str, Built]:
     """Build the named images; returns per image its tag, size in bytes and build seconds."""
     from eosink.worker.version import VERSION
 
@@ -197,7 +206,7 @@ def build(keys: Sequence[str], *, public_base: bool = False, offline: bool = Tru
         raise ConfigError(f"unknown image {', '.join(unknown)}; one of: {', '.join(IMAGES)}", key="image")
     engine = find_engine(install=install, report=report)
     base = None if public_base else ensure_base(engine, report, install=install)
-    results: dict[str, dict[str, object]] = {}
+    results: dict[str, Built] = {}
     for key in keys:
         image = IMAGES[key]
         out = WHEELHOUSE / image.key
@@ -244,5 +253,5 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     results = build(args.images, public_base=args.public_base, offline=not args.online, install=not args.no_install)
     for r in results.values():
-        print(f"{r['tag']}\t{int(r['size_bytes']) / 1e6:.0f} MB\t{r['build_seconds']} s")
+        print(f"{r['tag']}\t{r['size_bytes'] / 1e6:.0f} MB\t{r['build_seconds']} s")
     return 0
