@@ -14,16 +14,21 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml setup.py constraints.txt README.md LICENSE ./
-COPY worker ./worker
-COPY connectors ./connectors
-COPY spark_jobs ./spark_jobs
-# Wheels built on the host (eosink images build) are bind-mounted, never a layer; an empty
-# docker/wheelhouse/spark (as checked in) means: install from PyPI.
+# Dependencies first, from the project metadata alone, so this large layer (PySpark) is reused until
+# constraints.txt or pyproject.toml change. Wheels built on the host (eosink images build) are
+# bind-mounted, never a layer; an empty docker/wheelhouse/spark (as checked in) means: from PyPI.
 RUN --mount=type=bind,source=docker/wheelhouse/spark,target=/wheels \
     python3 -m venv /opt/eosink \
  && if ls /wheels/*.whl >/dev/null 2>&1; then set -- --no-index --find-links /wheels; \
     else /opt/eosink/bin/pip install --no-cache-dir --upgrade pip; fi \
  && /opt/eosink/bin/pip install --no-cache-dir "$@" -c constraints.txt ".[spark]"
+COPY worker ./worker
+COPY connectors ./connectors
+COPY spark_jobs ./spark_jobs
+RUN --mount=type=bind,source=docker/wheelhouse/spark,target=/wheels \
+    if ls /wheels/*.whl >/dev/null 2>&1; then set -- --no-index --find-links /wheels; fi \
+ && /opt/eosink/bin/pip install --no-cache-dir --no-deps --force-reinstall "$@" . \
+ && rm -rf /src/build /src/*.egg-info
 RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/eosink --create-home eosink
 ENV PATH=/opt/eosink/bin:$PATH \
     PYTHONUNBUFFERED=1 \

@@ -8,14 +8,14 @@
 # bookworm pinned: the public base and the Debian base built here carry the same Python 3.11.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
-FROM ${BASE_IMAGE} AS build
+# One stage: the base has no compiler, and pip keeps no cache (--no-cache-dir).
+FROM ${BASE_IMAGE}
+RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/eosink --create-home eosink
 WORKDIR /src
 COPY pyproject.toml setup.py constraints.txt README.md LICENSE ./
-COPY worker ./worker
-COPY connectors ./connectors
-COPY spark_jobs ./spark_jobs
-# A worker runs no Spark: the `worker` extra is every sink's dependencies (pyproject.toml), pinned
-# by constraints.txt, so PySpark and its jars stay out of the image.
+# Dependencies first, from the project metadata alone (an eosink without its packages), so this
+# large layer is reused until constraints.txt or pyproject.toml change. A worker runs no Spark: the
+# `worker` extra is every sink's dependencies, pinned by constraints.txt, so PySpark stays out.
 # Wheels built on the host (eosink images build) are bind-mounted, never a layer; an empty
 # docker/wheelhouse/worker (as checked in) means: install from PyPI.
 RUN --mount=type=bind,source=docker/wheelhouse/worker,target=/wheels \
@@ -23,10 +23,14 @@ RUN --mount=type=bind,source=docker/wheelhouse/worker,target=/wheels \
  && if ls /wheels/*.whl >/dev/null 2>&1; then set -- --no-index --find-links /wheels; \
     else /opt/eosink/bin/pip install --no-cache-dir --upgrade pip; fi \
  && /opt/eosink/bin/pip install --no-cache-dir "$@" -c constraints.txt ".[worker]"
-
-FROM ${BASE_IMAGE}
-RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/eosink --create-home eosink
-COPY --from=build /opt/eosink /opt/eosink
+COPY worker ./worker
+COPY connectors ./connectors
+COPY spark_jobs ./spark_jobs
+# Then eosink itself: a small layer, rebuilt on every change of the code.
+RUN --mount=type=bind,source=docker/wheelhouse/worker,target=/wheels \
+    if ls /wheels/*.whl >/dev/null 2>&1; then set -- --no-index --find-links /wheels; fi \
+ && /opt/eosink/bin/pip install --no-cache-dir --no-deps --force-reinstall "$@" . \
+ && rm -rf /src/build /src/*.egg-info
 ENV PATH=/opt/eosink/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     EOSINK_HOME=/var/lib/eosink \

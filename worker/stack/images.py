@@ -222,12 +222,22 @@ def build(keys: Sequence[str], *, public_base: bool = False, offline: bool = Tru
         if base:
             argv += ["--build-arg", f"BASE_IMAGE={'localhost/' if engine.name == 'podman' else ''}{base}"]
         report(f"building {tag} with {engine.name} from {image.dockerfile}" + (f" on {base}" if base else ""))
+        previous = _image_id(engine, tag)
         t0 = time.monotonic()
         _run(["nice", *argv, "."], f"{engine.name} build {tag}", cwd=REPO, quiet=False)
         seconds = time.monotonic() - t0
+        if previous and previous != _image_id(engine, tag):
+            # the tag moved: drop the image it named (and its now unused layers), or every rebuild keeps ~1 GB more;
+            # refused, and left alone, while a container still uses it
+            subprocess.run(engine.cmd("rmi", previous), capture_output=True, check=False)
         results[key] = {"tag": tag, "size_bytes": image_size(engine, tag), "build_seconds": round(seconds, 1)}
         report(f"built {tag}: {results[key]['size_bytes'] / 1e6:.0f} MB in {seconds:.1f} s")
     return results
+
+
+def _image_id(engine: Engine, tag: str) -> str:
+    r = subprocess.run(engine.cmd("image", "inspect", "--format", "{{.Id}}", tag), capture_output=True, text=True, check=False)
+    return r.stdout.strip() if r.returncode == 0 else ""
 
 
 def image_size(engine: Engine, tag: str) -> int:
