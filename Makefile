@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 EOSINK := $(VENV)/bin/eosink
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: venv stack demo test observe down clean bench $(BENCHES)
+.PHONY: venv stack demo test observe down clean bench images container-demo $(BENCHES)
 
 $(STAMP):
 	@test -x $(PY) || $(PY_SYS) -m venv $(VENV)
@@ -29,6 +29,15 @@ test: stack
 # EosinkTaskFailed and EosinkWorkerDown; prints the URL and the firing alerts (OBSERVE_ARGS=--once to exit).
 observe: stack
 	$(PY) bench/observe.py $(OBSERVE_ARGS)
+
+# Container images (eosink-worker, eosink-spark): podman when no Docker engine answers, on a Debian
+# base made by mmdebstrap, from a wheelhouse built here (see README, "Containers").
+images: venv
+	nice $(EOSINK) images build $(IMAGES)
+
+# Three worker containers deliver the demo's fan-out connector through SIGKILL and SIGTERM.
+container-demo: stack images
+	$(PY) -m eosink.worker.stack.container_demo
 
 # Benchmarks (ratios against a baseline measured in the same script): `make bench-worker`, ...
 BENCHES := bench-worker bench-cluster bench-postgres bench-s3 bench-http bench-iceberg bench-spark

@@ -1,23 +1,36 @@
 # syntax=docker/dockerfile:1
 # The eosink worker. Build from the repository root:
-#     docker build -f docker/worker.Dockerfile -t eosink-worker .
+#     docker build -f docker/worker.Dockerfile -t eosink-worker:0.1.0 .
+# or `make images` / `eosink images build worker`, which builds with podman when no Docker engine
+# answers, on a Debian base made by mmdebstrap (BASE_IMAGE) and from an offline wheelhouse.
 # Configure with EOSINK_* variables (see `eosink worker --help` and docs/control-plane.md).
 
-FROM python:3.11-slim AS build
+# bookworm pinned: the public base and the Debian base built here carry the same Python 3.11.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+# One stage: the base has no compiler, and pip keeps no cache (--no-cache-dir).
+FROM ${BASE_IMAGE}
+RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/eosink --create-home eosink
 WORKDIR /src
 COPY pyproject.toml setup.py constraints.txt README.md LICENSE ./
+# Dependencies first, from the project metadata alone (an eosink without its packages), so this
+# large layer is reused until constraints.txt or pyproject.toml change. A worker runs no Spark: the
+# `worker` extra is every sink's dependencies, pinned by constraints.txt, so PySpark stays out.
+# Wheels built on the host (eosink images build) are bind-mounted, never a layer; an empty
+# docker/wheelhouse/worker (as checked in) means: install from PyPI.
+RUN --mount=type=bind,source=docker/wheelhouse/worker,target=/wheels \
+    python3 -m venv /opt/eosink \
+ && if ls /wheels/*.whl >/dev/null 2>&1; then set -- --no-index --find-links /wheels; \
+    else /opt/eosink/bin/pip install --no-cache-dir --upgrade pip; fi \
+ && /opt/eosink/bin/pip install --no-cache-dir "$@" -c constraints.txt ".[worker]"
 COPY worker ./worker
 COPY connectors ./connectors
 COPY spark_jobs ./spark_jobs
-# A worker runs no Spark: the `worker` extra is every sink's dependencies (pyproject.toml), pinned
-# by constraints.txt, so PySpark and its jars stay out of the image.
-RUN python -m venv /opt/eosink \
- && /opt/eosink/bin/pip install --no-cache-dir --upgrade pip \
- && /opt/eosink/bin/pip install --no-cache-dir -c constraints.txt ".[worker]"
-
-FROM python:3.11-slim
-RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/eosink --create-home eosink
-COPY --from=build /opt/eosink /opt/eosink
+# Then eosink itself: a small layer, rebuilt on every change of the code.
+RUN --mount=type=bind,source=docker/wheelhouse/worker,target=/wheels \
+    if ls /wheels/*.whl >/dev/null 2>&1; then set -- --no-index --find-links /wheels; fi \
+ && /opt/eosink/bin/pip install --no-cache-dir --no-deps --force-reinstall "$@" . \
+ && rm -rf /src/build /src/*.egg-info
 ENV PATH=/opt/eosink/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     EOSINK_HOME=/var/lib/eosink \

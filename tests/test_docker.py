@@ -37,6 +37,10 @@ def _compose() -> dict:
     return yaml.safe_load(COMPOSE.read_text())  # PyYAML applies merge keys (<<), as Compose's loader does
 
 
+def _version() -> str:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+
+
 def _dockerfile(name: str) -> list[tuple[str, str]]:
     """(instruction, arguments) with continuation lines joined."""
     text = re.sub(r"\\\n", " ", (DOCKER / name).read_text())
@@ -73,7 +77,7 @@ def test_compose_services_are_wired_as_documented():
         assert {"EOSINK_BOOTSTRAP_SERVERS", "EOSINK_ZOOKEEPER", "EOSINK_CLUSTER", "EOSINK_REST_PORT", "EOSINK_PG_DSN"} <= set(env)
         ids.add(env["EOSINK_WORKER_ID"])
         ports |= {p.split(":")[0] for p in services[n]["ports"]}
-        assert services[n].get("image") == "eosink-worker:latest"
+        assert services[n].get("image") == f"eosink-worker:{_version()}"
     assert len(ids) == len(ports) == 3
     for name, s in services.items():
         for dep in s.get("depends_on", {}):
@@ -81,6 +85,29 @@ def test_compose_services_are_wired_as_documented():
     register = services["register"]
     assert register["entrypoint"] + register["command"][:3] == ["eosink", "connectors", "--url", "http://worker-1:8083"]
     assert register["depends_on"]["worker-1"]["condition"] == "service_healthy"
+
+
+def test_compose_images_are_pinned_by_release_tag_not_latest_or_a_bare_major():
+    for name, s in _compose()["services"].items():
+        image = s["image"]
+        repo, _, tag = image.rpartition(":")
+        assert repo and tag and tag != "latest", f"{name}: {image} is not pinned"
+        assert re.search(r"^\d+\.\d+(\.\d+|-)|^RELEASE\.\d{4}-\d\d-\d\dT", tag), f"{name}: {image} names no exact release"
+    assert not any(s["image"].endswith(":latest") for s in _compose()["services"].values())
+
+
+def test_compose_worker_environment_sets_every_variable_the_configs_read():
+    env = _compose()["services"]["worker-1"]["environment"]
+    for path in sorted((REPO / "configs").glob("*.json")):
+        wanted = set(re.findall(r"\$\{env:(\w+)\}", path.read_text()))
+        assert wanted <= set(env), f"{path.name} reads {sorted(wanted - set(env))}, which compose's workers lack"
+
+
+def test_spark_image_pins_bookworm_for_openjdk_17():
+    steps = _dockerfile("spark-job.Dockerfile")
+    assert ("ARG", "BASE_IMAGE=python:3.11-slim-bookworm") in steps
+    assert any(i == "RUN" and "openjdk-17-jre-headless" in a for i, a in steps)
+    assert any(i == "USER" and a not in ("root", "0") for i, a in steps)
 
 
 def test_compose_and_dockerfiles_refer_only_to_files_that_exist():
@@ -110,8 +137,9 @@ def test_compose_and_dockerfiles_refer_only_to_files_that_exist():
 
 def test_worker_image_is_slim_non_root_and_installs_the_worker_extra_without_pyspark():
     steps = _dockerfile("worker.Dockerfile")
-    froms = [a for i, a in steps if i == "FROM"]
-    assert all(f.startswith("python:3.11-slim") for f in froms)
+    froms = [a.split()[0] for i, a in steps if i == "FROM"]
+    assert ("ARG", "BASE_IMAGE=python:3.11-slim-bookworm") in steps and set(froms) == {"${BASE_IMAGE}"}, \
+        "both stages build on BASE_IMAGE, by default the public python:3.11-slim-bookworm"
     final = steps[max(i for i, (instr, _) in enumerate(steps) if instr == "FROM"):]
     user = [a for i, a in final if i == "USER"]
     assert user and user[-1] not in ("root", "0")

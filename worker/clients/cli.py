@@ -6,6 +6,7 @@
     eosink connectors list|status|pause|resume|stop|restart|delete|offsets|transactions ...
     eosink spark run JOB [--run-id ..]  run a Spark outbox job
     eosink demo                         the end-to-end demo
+    eosink images build [worker|spark]  build the container images (podman when no Docker engine answers)
 
 Every failure prints one clear line naming the culprit and exits non-zero; never a bare traceback.
 """
@@ -99,6 +100,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                   zookeeper=opts.zookeeper, rest=f"{opts.rest_host}:{opts.rest_port}" if opts.rest_port else "off",
                                   rest_auth=("basic" if auth and auth.basic else "") + ("+token" if auth and auth.token else ""),
                                   kafka_settings=sorted(kafka))
+    from eosink.worker.control.preflight import check_kafka
+
+    check_kafka(opts.bootstrap, kafka)  # a wrong address exits non-zero now, not once a connector is assigned
     if args.metrics_port:
         from prometheus_client import start_http_server
 
@@ -121,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("stack", help="local stack: up | down | status", add_help=False)
     sub.add_parser("spark", help="Spark jobs: run <job>", add_help=False)
     sub.add_parser("demo", help="run the end-to-end demo", add_help=False)
+    sub.add_parser("images", help="container images: build [worker] [spark]", add_help=False)
 
     w = sub.add_parser("worker", help="run a worker")
     _cluster_args(w)
@@ -169,6 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from eosink.worker.stack.demo import main as demo_main
 
             return demo_main(argv[1:])
+        if argv and argv[0] == "images":
+            from eosink.worker.stack.images import main as images_main
+
+            return images_main(argv[1:])
         args = build_parser().parse_args(argv)
         return args.func(args)
     except EosinkError as exc:

@@ -1,0 +1,41 @@
+"""Start-up checks a worker makes before it joins the cluster.
+
+ZooKeeper is checked by joining it (the worker fails with the address it could not reach), but a
+worker without connectors never talks to Kafka: with a wrong bootstrap address it would idle,
+report healthy and only fail once a connector is assigned to it. A container orchestrator needs
+the opposite: exit non-zero at once with the address in the message, so the health check fails
+and the restart policy (or the operator) takes over.
+"""
+
+from __future__ import annotations
+
+import os
+
+from eosink.connectors.api.errors import ConfigError, RetryableError
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+def startup_timeout() -> float:
+    raw = os.environ.get("EOSINK_STARTUP_TIMEOUT", "")
+    try:
+        return float(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise ConfigError(f"EOSINK_STARTUP_TIMEOUT={raw!r} is not a number of seconds", key="EOSINK_STARTUP_TIMEOUT") from None
+
+
+def check_kafka(bootstrap: str, settings: dict[str, str], timeout_s: float | None = None) -> None:
+    """Raise :class:`RetryableError` naming ``bootstrap`` when no broker answers within the timeout."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    timeout = startup_timeout() if timeout_s is None else timeout_s
+    # log_level 0: the refusals librdkafka would print every 50 ms are summed up in the one error below
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, **settings})
+    try:
+        md = admin.list_topics(timeout=timeout)
+    except KafkaException as e:
+        raise RetryableError(f"cannot reach Kafka at {bootstrap} within {timeout:.0f} s (EOSINK_BOOTSTRAP_SERVERS / "
+                             f"--bootstrap-servers): {e.args[0] if e.args else e}", component="kafka") from None
+    if not md.brokers:
+        raise RetryableError(f"Kafka at {bootstrap} listed no brokers within {timeout:.0f} s", component="kafka")
