@@ -165,7 +165,7 @@ def test_s3_without_its_binary_and_without_go_says_what_to_install(scratch_env: 
     env = dict(scratch_env, XDG_CACHE_HOME=str(tmp_path / "empty-cache"), PATH=str(Path(sys.executable).parent))
     result = run_stack("up", "--only", "s3", env=env)
     assert result.returncode == 1
-    assert "s3: minio is not built yet" in result.stderr
+    assert "s3: the Go toolchain (`go`) was not found on PATH; it is needed once to build minio" in result.stderr
     assert "install Go 1.24+ (Debian: apt-get install golang-go, or put go on PATH)" in result.stderr
     assert "Traceback" not in result.stderr
 
