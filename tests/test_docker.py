@@ -188,7 +188,7 @@ def test_image_entrypoint_with_compose_environment_joins_the_cluster_and_deliver
     bindir = _entrypoint_shim(tmp_path)
     base = {k: v for k, v in os.environ.items() if not k.startswith("EOSINK_")}
     full_env = {**base, **env, "PATH": f"{bindir}{os.pathsep}{base['PATH']}", "PYTHONPATH": str(REPO)}
-    log = open(tmp_path / "worker.log", "wb")
+    log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115 - the worker process writes it for its whole life
     proc = subprocess.Popen(entrypoint, env=full_env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     url = f"http://127.0.0.1:{port}"
     try:

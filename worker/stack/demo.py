@@ -146,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     _reset(ep, home, args.partitions)
 
     _step(f"publishing {args.orders} orders from a Spark job (one Kafka transaction per task)")
-    from eosink.spark_jobs.jobs import orders
     from pyspark.sql import SparkSession
+
+    from eosink.spark_jobs.jobs import orders
 
     spark = (SparkSession.builder.master("local[2]").appName("eosink-demo")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4").getOrCreate())

@@ -84,7 +84,7 @@ class Postgres(Component):
             raise self.fail(f"pg_ctl reported a start but {self.pgdata / 'postmaster.pid'} is unreadable")
         try:
             self._create_database()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - whatever failed, stop the server we started, then report it
             self.terminate(pid)
             raise self.fail(f"the server started but creating database {DATABASE!r} failed: {e}") from None
         self.marker.write_text(f"{self.base_dir}\n")
