@@ -18,7 +18,7 @@ round of each counts (the machine is shared; every round is printed).
     python bench/bench_iceberg_sink.py [--records 1000000] [--batch 50000] [--warehouse file|s3]
 
 The catalog is the local stack's PostgreSQL (``eosink stack up``); ``--warehouse s3`` puts the
-tables on the stack's S3 (moto: a dev server, compare only within the run).
+tables on the stack's S3 (MinIO on the same 2 cores: compare only within the run).
 """
 
 from __future__ import annotations
