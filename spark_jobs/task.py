@@ -39,6 +39,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from eosink.connectors.api.records import ID_HEADER, RUN_HEADER
 from eosink.spark_jobs.errors import (
     BrokerUnreachableError,
     PublishError,
@@ -48,7 +49,6 @@ from eosink.spark_jobs.errors import (
     TransactionTimeoutError,
 )
 from eosink.spark_jobs.ledger import LedgerEntry, entry_value, lookup_committed
-from eosink.connectors.api.records import ID_HEADER, RUN_HEADER
 from eosink.spark_jobs.naming import ledger_key, record_id_prefix, transactional_id
 from eosink.spark_jobs.outbox import CompiledOutbox
 

@@ -62,7 +62,7 @@ class Storage:
         self.fsync = fsync
 
     @classmethod
-    def for_properties(cls, properties: Mapping[str, str], fsync: bool = True) -> "Storage":
+    def for_properties(cls, properties: Mapping[str, str], fsync: bool = True) -> Storage:
         return cls(PyArrowFileIO(dict(properties)), fsync)
 
     def _fs(self, uri: str) -> tuple[pafs.FileSystem, str]:
