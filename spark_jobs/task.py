@@ -53,6 +53,8 @@ from eosink.spark_jobs.naming import ledger_key, record_id_prefix, transactional
 from eosink.spark_jobs.outbox import CompiledOutbox
 
 FaultHook = Callable[[str, int, int], None]
+#: Record headers as confluent-kafka takes them.
+Headers = list[tuple[str, str | bytes | None]]
 """Test-only: called as ``hook(point, partition, attempt)`` at the points below; may raise."""
 
 FAULT_POINTS = ("before_init", "after_init", "after_check", "after_first_batch", "before_commit", "after_commit")
@@ -231,7 +233,7 @@ class PartitionPublisher:
                 # The common case, kept tight: one topic, every row, only the two eosink headers.
                 topic, keys, values, _, _ = plan[0]
                 for key, value in zip(keys, values):
-                    hdrs = [(ID_HEADER, prefix + str(seq)), (RUN_HEADER, run)]
+                    hdrs: Headers = [(ID_HEADER, prefix + str(seq)), (RUN_HEADER, run)]
                     try:
                         produce(topic, value, key, headers=hdrs)
                     except BufferError:

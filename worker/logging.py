@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import structlog
@@ -50,7 +50,7 @@ def redact(obj: Any) -> Any:
     return obj
 
 
-def _redact_processor(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+def _redact_processor(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     return redact(event) if _secrets else event
 
 

@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -127,7 +127,7 @@ class Storage:
                 raise
         return len(files)
 
-    def sync_files(self, uris: list[str]) -> None:
+    def sync_files(self, uris: Sequence[str]) -> None:
         """fsync local data files and their directories (a no-op for object stores)."""
         if not self.fsync:
             return
