@@ -30,6 +30,7 @@ The DSN defaults to $EOSINK_BENCH_DSN, else the local stack's (``eosink stack up
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import statistics
@@ -242,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs: list[tuple[Result, Callable[[], tuple[float, float]]]] = [
             (raw, lambda: run_raw_copy(dsn, raw_table, parts, True)),
             (raw_text, lambda: run_raw_copy(dsn, text_table, parts, False)),
-            (sink, lambda r=rnd: run_sink(dsn, topic, f"bench{tag}r{r}", parts, cycles)),
+            (sink, functools.partial(run_sink, dsn, topic, f"bench{tag}r{rnd}", parts, cycles)),
         ]
         for res, fn in runs:
             secs, cpu = fn()

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import functools
 import json
 import multiprocessing
 import os
@@ -610,20 +611,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             rtag = f"{tag}r{rnd}"
             label = f" (round {rnd + 1}/{args.rounds})" if args.rounds > 1 else ""
             for kind in ("filesystem", "filesystem-raw", "memory"):
-                step(f"eosink {kind}{label}", lambda k=kind, t=rtag: in_child(run_eosink, k, ep.kafka_bootstrap, ep.zookeeper_hosts, topic,
-                                                                                tps, n, t, workdir, args.timeout_s, args.keep))
+                step(f"eosink {kind}{label}", functools.partial(in_child, run_eosink, kind, ep.kafka_bootstrap, ep.zookeeper_hosts,
+                                                                  topic, tps, n, rtag, workdir, args.timeout_s, args.keep))
                 groups.append(f"eosink-bench-{kind}-{rtag}")
-            step(f"consumer keeping every record{label}", lambda t=rtag: in_child(run_ceiling, ep.kafka_bootstrap, topic, tps, n,
-                                                                                   f"{t}k", args.timeout_s, True))
+            step(f"consumer keeping every record{label}", functools.partial(in_child, run_ceiling, ep.kafka_bootstrap, topic, tps, n,
+                                                                                f"{rtag}k", args.timeout_s, True))
             for conv in () if args.skip_connect else ("string", "json"):
                 groups.append(f"connect-bench-fs-{conv}-{rtag}")
                 try:
                     step(f"Kafka Connect {conv} converter{label}",
-                         lambda c=conv, t=rtag: run_connect(ep.kafka_bootstrap, topic, n, value_bytes, t, workdir,
-                                                           args.timeout_s, args.keep, c))
+                         functools.partial(run_connect, ep.kafka_bootstrap, topic, n, value_bytes, rtag, workdir,
+                                           args.timeout_s, args.keep, conv))
                 except ComponentError as exc:
                     raise SystemExit(f"\nKafka Connect cannot run: {exc}\n(rerun with --skip-connect to leave it out)") from None
-            step("ceiling", lambda t=rtag: in_child(run_ceiling, ep.kafka_bootstrap, topic, tps, n, f"{t}c", args.timeout_s))
+            step("ceiling", functools.partial(in_child, run_ceiling, ep.kafka_bootstrap, topic, tps, n, f"{rtag}c", args.timeout_s))
             load.append(os.getloadavg()[0])
     finally:
         delete_groups(ep.kafka_bootstrap, groups)
