@@ -33,8 +33,8 @@ from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from kazoo.client import KazooClient  # noqa: E402
 
-from tests.procs import WorkerProcess, register, wait_until  # noqa: E402
 from eosink.worker.stack import load_endpoints  # noqa: E402
+from tests.procs import WorkerProcess, register, wait_until  # noqa: E402
 
 
 def _zxid(hosts: str) -> int:
@@ -233,7 +233,8 @@ def main() -> int:
          f"target <= session timeout + 2 s = {args.session_timeout + 2:.1f} s"),
         ("graceful handoff (SIGTERM -> first commit by new owner)", f"{res['graceful_handoff_s']:.2f} s", "target <= 1 s"),
         (f"assignment convergence ({args.partitions} partitions, 3 workers)", f"{res['convergence_s']:.2f} s", "target <= 5 s"),
-        ("ZooKeeper writes per cycle (steady state)", f"{res['zk_writes_per_cycle']}", f"{res['zk_writes']} writes / {res['cycles']} cycles"),
+        ("ZooKeeper writes per cycle (steady state)", f"{res['zk_writes_per_cycle']}",
+         f"{res['zk_writes']} writes / {res['cycles']} cycles"),
     ]
     print(f"\nsession timeout {args.session_timeout} s, commit.interval.ms {args.commit_interval_ms}")
     for name, value, note in rows:

@@ -41,10 +41,9 @@ if str(REPO) not in sys.path:
 
 import urllib3  # noqa: E402
 
-from eosink.connectors.http.sink import HttpSink, encode_body  # noqa: E402
 from bench._data import make_records  # noqa: E402
 from eosink.connectors.api.records import TxnManifest  # noqa: E402
-
+from eosink.connectors.http.sink import HttpSink, encode_body  # noqa: E402
 
 
 def start_server(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -150,7 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"raw POST {med('raw'):.0f} ms")
         print(f"2PC overhead per cycle: {med('cycle') - med('raw'):.0f} ms (sink cycle - raw POST of the same body); "
               f"median per-cycle ratio {statistics.median(ratios):.0%}")
-        print(f"target >= 50% of the ceiling: {'met' if sink_rate >= 0.5 * raw_rate else 'MISSED'} ({sink_rate / raw_rate:.0%} best rounds)")
+        print(f"target >= 50% of the ceiling: {'met' if sink_rate >= 0.5 * raw_rate else 'MISSED'} "
+              f"({sink_rate / raw_rate:.0%} best rounds)")
     finally:
         proc.kill()
         proc.wait()

@@ -43,9 +43,9 @@ import pyarrow as pa  # noqa: E402
 from pyiceberg.catalog import load_catalog  # noqa: E402
 from pyiceberg.io.pyarrow import schema_to_pyarrow  # noqa: E402
 
-from eosink.connectors.iceberg.sink import IcebergSink  # noqa: E402
 from bench._data import batches, make_records  # noqa: E402
 from eosink.connectors.api.records import SinkRecord, TxnManifest  # noqa: E402
+from eosink.connectors.iceberg.sink import IcebergSink  # noqa: E402
 
 PARTITIONS = 4
 NAMESPACE = "eosink_bench"
@@ -74,7 +74,7 @@ class Mode:
 
 
 class RawAppend(Mode):
-    def __init__(self, bench: "Bench", schema: Any, parts: list[Sequence[SinkRecord]], prebuilt: bool) -> None:
+    def __init__(self, bench: Bench, schema: Any, parts: list[Sequence[SinkRecord]], prebuilt: bool) -> None:
         super().__init__("raw append, prebuilt Arrow (ceiling)" if prebuilt else "raw from_pylist + append")
         self.bench, self.schema, self.parts, self.prebuilt = bench, schema, parts, prebuilt
         self.arrow_schema = schema_to_pyarrow(schema, include_field_ids=False)
@@ -97,7 +97,7 @@ class RawAppend(Mode):
 
 
 class SinkCycles(Mode):
-    def __init__(self, bench: "Bench", parts: list[Sequence[SinkRecord]], fsync: bool) -> None:
+    def __init__(self, bench: Bench, parts: list[Sequence[SinkRecord]], fsync: bool) -> None:
         super().__init__("eosink IcebergSink, 2PC cycle" if fsync else "IcebergSink, iceberg.fsync=false")
         self.bench, self.parts, self.fsync = bench, parts, fsync
 
@@ -124,7 +124,8 @@ class SinkCycles(Mode):
                             "convert": t.convert_ms, "write": t.write_ms, "marker": t.marker_ms, "append": t.append_ms})
 
     def finish(self) -> None:
-        assert self.bench.catalog.load_table(self.sink.config["iceberg.table"]).scan().count() == sum(map(len, self.parts)), "sink lost rows"
+        rows = self.bench.catalog.load_table(self.sink.config["iceberg.table"]).scan().count()
+        assert rows == sum(map(len, self.parts)), "sink lost rows"
         self.sink.close()
 
 
@@ -229,7 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rate = {m.name: len(m.wall) * n / sum(m.wall) for m in modes}
     for m in modes:
         print(f"{m.name:38s} {len(m.wall):>6d} {rate[m.name]:>11,.0f} {rate[m.name] / rate[raw.name]:>10.0%} "
-              f"{rate[m.name] / rate[raw_dicts.name]:>9.0%} {statistics.median(m.wall) * 1000:>10.1f} {statistics.median(m.cpu) * 1000:>7.1f}")
+              f"{rate[m.name] / rate[raw_dicts.name]:>9.0%} {statistics.median(m.wall) * 1000:>10.1f} "
+              f"{statistics.median(m.cpu) * 1000:>7.1f}")
     paired = [r / s for r, s in zip(raw.wall, sink.wall)]
     print(f"\npaired per batch (same batch, same moment): sink speed / ceiling speed, median {statistics.median(paired):.0%} "
           f"(p10 {statistics.quantiles(paired, n=10)[0]:.0%}, p90 {statistics.quantiles(paired, n=10)[-1]:.0%}); "
@@ -242,12 +244,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not m.phases:
             continue
         p = m.phases
-        print(f"\n{m.name}, cycle of {n:,} records (median of {len(p)}): prepare {med(p, 'prepare'):.1f} ms [table load + fence + new-field scan "
+        print(f"\n{m.name}, cycle of {n:,} records (median of {len(p)}): prepare {med(p, 'prepare'):.1f} ms "
+              "[table load + fence + new-field scan "
               f"{med(p, 'load'):.1f}, checks + Arrow {med(p, 'convert'):.1f}, Parquet write {med(p, 'write'):.1f}, marker "
               f"{med(p, 'marker'):.1f}], commit {med(p, 'commit'):.1f} ms [Iceberg snapshot commit {med(p, 'append'):.1f}]")
         overhead = [c["load"] + c["marker"] + c["commit"] - c["append"] for c in p]
         print(f"  2PC overhead per cycle (table load + fence at prepare, marker write, txn-id check + fence + marker delete at "
-              f"commit; not the Parquet write or the snapshot commit a plain append pays too): median {statistics.median(overhead):.1f} ms; "
+              "commit; not the Parquet write or the snapshot commit a plain append pays too): "
+              f"median {statistics.median(overhead):.1f} ms; "
               f"median cycle {statistics.median(m.wall) * 1000:.1f} ms vs raw append {statistics.median(raw.wall) * 1000:.1f} ms")
     print()
     targets = [(">= 50% of the raw append ceiling (paired median)", statistics.median(paired) >= 0.5)]

@@ -30,6 +30,7 @@ The DSN defaults to $EOSINK_BENCH_DSN, else the local stack's (``eosink stack up
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import statistics
@@ -49,9 +50,9 @@ if str(REPO) not in sys.path:
 import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
-from eosink.connectors.postgres.sink import PostgresSink  # noqa: E402
 from bench._data import batches, make_records  # noqa: E402
 from eosink.connectors.api.records import SinkRecord, TxnManifest  # noqa: E402
+from eosink.connectors.postgres.sink import PostgresSink  # noqa: E402
 
 PARTITIONS = 4
 FIELDS: tuple[tuple[str, str, str], ...] = (  # name, SQL type, COPY type
@@ -242,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs: list[tuple[Result, Callable[[], tuple[float, float]]]] = [
             (raw, lambda: run_raw_copy(dsn, raw_table, parts, True)),
             (raw_text, lambda: run_raw_copy(dsn, text_table, parts, False)),
-            (sink, lambda: run_sink(dsn, topic, f"bench{tag}r{rnd}", parts, cycles)),
+            (sink, functools.partial(run_sink, dsn, topic, f"bench{tag}r{rnd}", parts, cycles)),
         ]
         for res, fn in runs:
             secs, cpu = fn()

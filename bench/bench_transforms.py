@@ -30,10 +30,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from eosink.connectors.api.records import SinkRecord
-from eosink.worker.transforms import build_chain
-
-from bench._data import make_records
+from bench._data import make_records  # noqa: E402
+from eosink.connectors.api.records import SinkRecord  # noqa: E402
+from eosink.worker.transforms import build_chain  # noqa: E402
 
 CONFIG = {
     "transforms": "source,slim",

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import functools
 import json
 import multiprocessing
 import os
@@ -64,9 +66,9 @@ from confluent_kafka import TopicPartition as KTP  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from bench._data import order  # noqa: E402
+from eosink.connectors.api.records import TopicPartition  # noqa: E402
 from eosink.connectors.filesystem import FilesystemSink  # noqa: E402
 from eosink.connectors.memory import MemorySink, drop_store, store  # noqa: E402
-from eosink.connectors.api.records import TopicPartition  # noqa: E402
 from eosink.worker import logging as wlogging  # noqa: E402
 from eosink.worker.engine.decision import ZooKeeperDecisionLog  # noqa: E402
 from eosink.worker.engine.source import KafkaSource  # noqa: E402
@@ -501,37 +503,36 @@ def run_connect(bootstrap: str, topic: str, n: int, value_bytes: int, tag: str, 
     ]))
     argv = [java, *CONNECT_JVM_OPTS, f"-Dlog4j2.configurationFile={cdir / 'log4j2.properties'}", "-cp", cp,
             "org.apache.kafka.connect.cli.ConnectStandalone", str(cdir / "worker.properties"), str(cdir / "sink.properties")]
-    console = open(cdir / "console.log", "wb")
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    t_first = None
-    cpu_first = 0.0
-    lines = 0
-    reader = None
-    try:
-        while lines < n:
-            if reader is None:
-                try:
-                    reader = open(out, "rb")
-                except FileNotFoundError:
-                    pass
-            chunk = reader.read() if reader is not None else b""
-            lines += chunk.count(b"\n")
-            now = time.perf_counter()
-            if chunk and t_first is None:
-                t_first, cpu_first = now, cpu_of(proc.pid)
-            if proc.poll() is not None:
-                raise RuntimeError(f"Kafka Connect exited with {proc.returncode}; see {log_file} and {cdir / 'console.log'}")
-            if now - t0 > timeout_s:
-                raise RuntimeError(f"Kafka Connect: {lines:,} of {n:,} lines after {timeout_s:.0f}s; see {log_file}")
-            if lines < n:
-                time.sleep(0.005)
-        t_done, cpu_done = time.perf_counter(), cpu_of(proc.pid)
-    finally:
-        if reader is not None:
-            reader.close()
-        _stop_group(proc)
-        console.close()
+    # the files close after the process group is stopped
+    with contextlib.ExitStack() as files:
+        console = files.enter_context(open(cdir / "console.log", "wb"))
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        t_first = None
+        cpu_first = 0.0
+        lines = 0
+        reader = None
+        try:
+            while lines < n:
+                if reader is None:
+                    try:
+                        reader = files.enter_context(open(out, "rb"))
+                    except FileNotFoundError:
+                        pass
+                chunk = reader.read() if reader is not None else b""
+                lines += chunk.count(b"\n")
+                now = time.perf_counter()
+                if chunk and t_first is None:
+                    t_first, cpu_first = now, cpu_of(proc.pid)
+                if proc.poll() is not None:
+                    raise RuntimeError(f"Kafka Connect exited with {proc.returncode}; see {log_file} and {cdir / 'console.log'}")
+                if now - t0 > timeout_s:
+                    raise RuntimeError(f"Kafka Connect: {lines:,} of {n:,} lines after {timeout_s:.0f}s; see {log_file}")
+                if lines < n:
+                    time.sleep(0.005)
+            t_done, cpu_done = time.perf_counter(), cpu_of(proc.pid)
+        finally:
+            _stop_group(proc)
     assert t_first is not None
     ids = IdCheck(n)
     with open(out, "rb") as f:
@@ -626,20 +627,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             rtag = f"{tag}r{rnd}"
             label = f" (round {rnd + 1}/{args.rounds})" if args.rounds > 1 else ""
             for kind in ("filesystem", "filesystem-smt", "filesystem-raw", "memory"):
-                step(f"eosink {kind}{label}", lambda k=kind: in_child(run_eosink, k, ep.kafka_bootstrap, ep.zookeeper_hosts, topic, tps, n,
-                                                                           rtag, workdir, args.timeout_s, args.keep))
+                step(f"eosink {kind}{label}", functools.partial(in_child, run_eosink, kind, ep.kafka_bootstrap, ep.zookeeper_hosts,
+                                                                  topic, tps, n, rtag, workdir, args.timeout_s, args.keep))
                 groups.append(f"eosink-bench-{kind}-{rtag}")
-            step(f"consumer keeping every record{label}", lambda: in_child(run_ceiling, ep.kafka_bootstrap, topic, tps, n,
-                                                                            f"{rtag}k", args.timeout_s, True))
+            step(f"consumer keeping every record{label}", functools.partial(in_child, run_ceiling, ep.kafka_bootstrap, topic, tps, n,
+                                                                                f"{rtag}k", args.timeout_s, True))
             for conv in () if args.skip_connect else ("string", "json"):
                 groups.append(f"connect-bench-fs-{conv}-{rtag}")
                 try:
                     step(f"Kafka Connect {conv} converter{label}",
-                         lambda c=conv: run_connect(ep.kafka_bootstrap, topic, n, value_bytes, rtag, workdir,
-                                                    args.timeout_s, args.keep, c))
+                         functools.partial(run_connect, ep.kafka_bootstrap, topic, n, value_bytes, rtag, workdir,
+                                           args.timeout_s, args.keep, conv))
                 except ComponentError as exc:
                     raise SystemExit(f"\nKafka Connect cannot run: {exc}\n(rerun with --skip-connect to leave it out)") from None
-            step("ceiling", lambda: in_child(run_ceiling, ep.kafka_bootstrap, topic, tps, n, f"{rtag}c", args.timeout_s))
+            step("ceiling", functools.partial(in_child, run_ceiling, ep.kafka_bootstrap, topic, tps, n, f"{rtag}c", args.timeout_s))
             load.append(os.getloadavg()[0])
     finally:
         delete_groups(ep.kafka_bootstrap, groups)
@@ -680,7 +681,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           "CPU = user+system time of the process doing the work, "
           f"every thread; 1-min load average {' -> '.join(f'{x:.1f}' for x in load)} on {os.cpu_count()} CPUs)")
     cpu_rec = {r.kind: r.cpu_s / r.records for r in results}
-    short = {"eosink-filesystem": "filesystem", "eosink-filesystem-smt": "filesystem + 2 SMTs", "eosink-filesystem-raw": "filesystem raw", "eosink-memory": "memory", "ceiling-kept": "consumer keeping every record", "connect-launch": "Kafka Connect incl. start-up",
+    short = {"eosink-filesystem": "filesystem", "eosink-filesystem-smt": "filesystem + 2 SMTs",
+             "eosink-filesystem-raw": "filesystem raw", "eosink-memory": "memory",
+             "ceiling-kept": "consumer keeping every record", "connect-launch": "Kafka Connect incl. start-up",
              "connect-first-byte": "Kafka Connect from 1st byte",
              "connect-json-launch": "Kafka Connect JsonConverter incl. start-up",
              "connect-json-first-byte": "Kafka Connect JsonConverter from 1st byte"}

@@ -23,7 +23,8 @@ def map_in_arrow(
     except ImportError:
         pass
     else:
-        return df.mapInArrow(func, schema)
+        # PySpark hands func an iterator of batches; its annotation promises only an iterable
+        return df.mapInArrow(func, schema)  # type: ignore[arg-type]
     from pyspark.rdd import PythonEvalType
     from pyspark.sql.udf import UserDefinedFunction
 

@@ -153,13 +153,17 @@ class LedgerReader:
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        if msg.offset() >= stop:
+                        eof = msg.offset()
+                        if eof is not None and eof >= stop:
                             return
                         continue  # read_committed stopped at the LSO below ``stop``: wait for it
                     raise LedgerError(f"reading ledger topic '{self.topic}': {err.str()}")
+                offset = msg.offset()
+                if offset is None:  # only a message that did not come from a partition lacks one
+                    raise LedgerError(f"reading ledger topic '{self.topic}': a record without an offset")
                 key = msg.key()
-                yield msg.offset(), key.decode() if key is not None else None, msg.value()
-                if msg.offset() + 1 >= stop:
+                yield offset, key.decode() if key is not None else None, msg.value()
+                if offset + 1 >= stop:
                     return
         finally:
             consumer.unassign()

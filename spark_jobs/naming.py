@@ -3,7 +3,8 @@
 * transactional.id ``eosink-{job}-{run_id}-{partition}``: stable per (job, run, partition) and *not*
   per attempt, so every attempt of a partition, retried, speculative or re-run, shares it and the
   newest one fences the others.
-* record headers (``ID_HEADER``/``RUN_HEADER`` of ``eosink.connectors.api.records``): ``eosink.id`` = ``{job}/{run_id}/{partition}/{sequence}`` and ``eosink.run`` = run id.
+* record headers (``ID_HEADER``/``RUN_HEADER`` of ``eosink.connectors.api.records``):
+  ``eosink.id`` = ``{job}/{run_id}/{partition}/{sequence}`` and ``eosink.run`` = run id.
 * ledger key ``{job}/{run_id}/{partition}``; the run-complete marker uses ``{job}/{run_id}/run``.
 
 Job names and run ids are restricted to ``[A-Za-z0-9._-]``: they end up in transactional.ids, in
@@ -18,6 +19,7 @@ from __future__ import annotations
 import re
 
 from eosink.connectors.api.errors import ConfigError
+
 LEDGER_TOPIC = "__eosink_publish_ledger"
 RUN_MARKER = "run"
 

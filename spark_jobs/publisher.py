@@ -14,8 +14,8 @@ the others published nothing; re-running with the *same* run id publishes exactl
 from __future__ import annotations
 
 import json
-import re
 import logging
+import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -125,10 +125,8 @@ def publish_outbox(
         if partitions < 1:
             raise PublishError(f"partitions must be >= 1, got {partitions}")
         part_key = key or outboxes[0].key
-        if part_key is not None and part_key in df.columns:
-            df = df.repartition(partitions, df[part_key])
-        else:
-            df = df.repartition(partitions)
+        df = (df.repartition(partitions, df[part_key]) if part_key is not None and part_key in df.columns
+              else df.repartition(partitions))
     projected, compiled = project(df, outboxes, key)  # MissingColumnError before touching Kafka
     conf = producer_config(kafka)
     bootstrap = str(conf["bootstrap.servers"])

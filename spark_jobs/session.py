@@ -35,7 +35,8 @@ def _executors_import_eosink(master: str) -> bool:
 def ship_packages(spark: SparkSession) -> None:
     """Make ``eosink.spark_jobs`` and ``eosink.connectors`` importable on every executor (once per context)."""
     sc = spark.sparkContext
-    if id(sc) in _SHIPPED or _executors_import_eosink(sc.master):
+    # a started context always has a master; without one, ship (the safe side)
+    if id(sc) in _SHIPPED or (sc.master is not None and _executors_import_eosink(sc.master)):
         return
     archive = Path(tempfile.mkdtemp(prefix="eosink-pyfiles-")) / "eosink_spark_packages.zip"
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:

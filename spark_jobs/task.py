@@ -39,6 +39,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from eosink.connectors.api.records import ID_HEADER, RUN_HEADER
 from eosink.spark_jobs.errors import (
     BrokerUnreachableError,
     PublishError,
@@ -48,11 +49,12 @@ from eosink.spark_jobs.errors import (
     TransactionTimeoutError,
 )
 from eosink.spark_jobs.ledger import LedgerEntry, entry_value, lookup_committed
-from eosink.connectors.api.records import ID_HEADER, RUN_HEADER
 from eosink.spark_jobs.naming import ledger_key, record_id_prefix, transactional_id
 from eosink.spark_jobs.outbox import CompiledOutbox
 
 FaultHook = Callable[[str, int, int], None]
+#: Record headers as confluent-kafka takes them.
+Headers = list[tuple[str, str | bytes | None]]
 """Test-only: called as ``hook(point, partition, attempt)`` at the points below; may raise."""
 
 FAULT_POINTS = ("before_init", "after_init", "after_check", "after_first_batch", "before_commit", "after_commit")
@@ -231,7 +233,7 @@ class PartitionPublisher:
                 # The common case, kept tight: one topic, every row, only the two eosink headers.
                 topic, keys, values, _, _ = plan[0]
                 for key, value in zip(keys, values):
-                    hdrs = [(ID_HEADER, prefix + str(seq)), (RUN_HEADER, run)]
+                    hdrs: Headers = [(ID_HEADER, prefix + str(seq)), (RUN_HEADER, run)]
                     try:
                         produce(topic, value, key, headers=hdrs)
                     except BufferError:

@@ -8,10 +8,10 @@ import pytest
 
 from eosink.connectors import memory
 from eosink.connectors.api.records import TopicPartition
-from tests.fakes import FailingSink, FaultPlan, FlakyDecisionLog, ListSource, fatal, retryable, unknown
 from eosink.worker.engine.decision import MemoryDecisionLog
 from eosink.worker.engine.task import SinkTask
 from eosink.worker.engine.types import CycleOutcome, TaskSettings, TaskState
+from tests.fakes import FailingSink, FaultPlan, FlakyDecisionLog, ListSource, fatal, retryable, unknown
 
 TP = TopicPartition("outbox", 0)
 

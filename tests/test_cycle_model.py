@@ -16,10 +16,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from eosink.connectors import memory
 from eosink.connectors.api.records import TopicPartition
-from tests.fakes import FailingSink, FaultPlan, FlakyDecisionLog, ListSource, fatal, retryable, unknown
 from eosink.worker.engine.decision import MemoryDecisionLog
 from eosink.worker.engine.task import SinkTask
 from eosink.worker.engine.types import CycleOutcome, TaskSettings, TaskState
+from tests.fakes import FailingSink, FaultPlan, FlakyDecisionLog, ListSource, fatal, retryable, unknown
 
 TPS = [TopicPartition("outbox", 0), TopicPartition("outbox", 1)]
 SINKS = ("a", "b")

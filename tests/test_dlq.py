@@ -15,13 +15,13 @@ import pytest
 
 from eosink.connectors import memory
 from eosink.connectors.api.errors import RecordError, RetryableError
-from eosink.connectors.memory import MemorySink
 from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
-from tests.fakes import ListSource
+from eosink.connectors.memory import MemorySink
 from eosink.worker.engine.decision import MemoryDecisionLog
 from eosink.worker.engine.source import Batch, FailedRecord
 from eosink.worker.engine.task import SinkTask
 from eosink.worker.engine.types import CycleOutcome, TaskSettings, TaskState
+from tests.fakes import ListSource
 
 TP = TopicPartition("outbox", 0)
 
@@ -191,7 +191,8 @@ def _publish(bootstrap: str, topic: str, partitions: int, n: int, *, aborted: bo
 
 
 def _read_dlq(bootstrap: str, topic: str, expected: int, timeout: float = 60) -> list:
-    from confluent_kafka import Consumer, TopicPartition as KTP
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KTP
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{topic}-{time.monotonic_ns()}",
                   "isolation.level": "read_committed", "enable.auto.commit": False, "auto.offset.reset": "earliest"})

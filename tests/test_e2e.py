@@ -116,7 +116,8 @@ def test_cli_apply_of_a_bad_file_prints_one_line_and_exits_nonzero(tmp_path, sta
 
     bad = tmp_path / "bad.json"
     bad.write_text('{"name": "x", "config": {"connector.class": "postgres"}}')
-    r = subprocess.run([sys.executable, "-m", "eosink.worker.clients.cli", "connectors", "--zookeeper", stack.zookeeper_hosts, "apply", str(bad)],
+    r = subprocess.run([sys.executable, "-m", "eosink.worker.clients.cli", "connectors", "--zookeeper", stack.zookeeper_hosts,
+                        "apply", str(bad)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and "key 'topics'" in r.stderr and "bad.json" in r.stderr, r.stderr

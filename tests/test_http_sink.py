@@ -23,14 +23,14 @@ import pytest
 
 from eosink.connectors.api.config import MASK
 from eosink.connectors.api.errors import ConfigError, FatalError, FencedError, RecordError, RetryableError
-from eosink.connectors.http.sink import HttpSink
-from eosink.connectors.http.reference_server import Store
 from eosink.connectors.api.records import PartitionRange, SinkRecord, TopicPartition, TxnManifest
-from tests.fakes import ListSource
-from tests.sinkkit import prepare, records
+from eosink.connectors.http.reference_server import Store
+from eosink.connectors.http.sink import HttpSink
 from eosink.worker.engine.decision import MemoryDecisionLog
 from eosink.worker.engine.task import SinkTask
 from eosink.worker.engine.types import CycleOutcome, TaskSettings, TaskState
+from tests.fakes import ListSource
+from tests.sinkkit import prepare, records
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -53,7 +53,7 @@ class ServerProc:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "ServerProc":
+    def start(self) -> ServerProc:
         argv = [sys.executable, "-m", "eosink.connectors.http.reference_server", "--port", str(self.port), "--data-dir", str(self.data_dir)]
         if self.token:
             argv += ["--token", self.token]
@@ -65,7 +65,7 @@ class ServerProc:
                     return self
             except OSError:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited: {self.proc.stderr.read().decode() if self.proc.stderr else ''}")
+                    raise RuntimeError(f"server exited: {self.proc.stderr.read().decode() if self.proc.stderr else ''}") from None
                 if time.monotonic() > deadline:
                     raise RuntimeError("server did not answer /health in 15 s") from None
                 time.sleep(0.05)

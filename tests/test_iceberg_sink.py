@@ -38,7 +38,8 @@ CATALOG = "eosink_tests"
 
 
 # -- helpers -------------------------------------------------------------------------------------
-def records(topic: str, n: int, *, partitions: int = 2, first: int = 0, value: Callable[[int], dict[str, Any]] | None = None) -> list[SinkRecord]:
+def records(topic: str, n: int, *, partitions: int = 2, first: int = 0,
+            value: Callable[[int], dict[str, Any]] | None = None) -> list[SinkRecord]:
     """``n`` records round-robin over ``partitions``; offsets continue from ``first`` per partition."""
     make = value or (lambda i: {"id": i, "user": f"u{i % 7}", "amount": round(i * 1.25, 2), "paid": i % 2 == 0,
                                 "items": [{"sku": f"s{i}", "qty": 1}]})
@@ -242,9 +243,8 @@ def test_crash_after_iceberg_commit_before_marker_delete_is_not_applied_twice(lo
     table = local.config["iceberg.table"]
     sink = local.sink(unique)
     m = prepare(sink, f"{unique}.w.1.1", records("orders", 12))
-    with mock.patch.object(sink.markers, "delete", side_effect=OSError("connection reset")):
-        with pytest.raises(RetryableError):
-            sink.commit(m.txn_id)
+    with mock.patch.object(sink.markers, "delete", side_effect=OSError("connection reset")), pytest.raises(RetryableError):
+        sink.commit(m.txn_id)
     assert len(local.rows(table)) == 12, "the snapshot landed before the failure"
     survivor = local.sink(unique)
     assert survivor.recover() == [m]
@@ -258,9 +258,8 @@ def test_abort_replayed_after_commit_keeps_the_committed_files(local: Target, un
     table = local.config["iceberg.table"]
     sink = local.sink(unique)
     m = prepare(sink, f"{unique}.w.1.1", records("orders", 12))
-    with mock.patch.object(sink.markers, "delete", side_effect=OSError("connection reset")):
-        with pytest.raises(RetryableError):
-            sink.commit(m.txn_id)
+    with mock.patch.object(sink.markers, "delete", side_effect=OSError("connection reset")), pytest.raises(RetryableError):
+        sink.commit(m.txn_id)
     files = data_files(local, table)
     other = local.sink(unique)
     assert other.recover() == [m]  # the marker survived the commit
@@ -352,9 +351,8 @@ def test_abort_after_a_prepare_that_failed_half_way_deletes_its_files(local: Tar
     sink = local.sink(unique)
     sink.commit(prepare(sink, f"{unique}.w.1.1", records("orders", 4)).txn_id)
     before = set(local.files(local.reader.load_table(table).location() + "/data"))
-    with mock.patch.object(sink.markers, "put", side_effect=OSError("disk full")):
-        with pytest.raises(RetryableError, match="disk full"):
-            prepare(sink, f"{unique}.w.1.2", records("orders", 10, first=2))
+    with mock.patch.object(sink.markers, "put", side_effect=OSError("disk full")), pytest.raises(RetryableError, match="disk full"):
+        prepare(sink, f"{unique}.w.1.2", records("orders", 10, first=2))
     after = set(local.files(local.reader.load_table(table).location() + "/data"))
     assert after > before, "the data files were written before the marker failed"
     assert sink.recover() == [], "without its marker the txn is not prepared"
@@ -433,7 +431,7 @@ def test_existing_table_with_richer_types_gets_strictly_converted_values(local: 
                                                    "buyer": {"name": f"b{i}"}})
     sink.commit(prepare(sink, f"{unique}.w.1.1", good).txn_id)
     row = local.reader.load_table(table).scan().to_arrow().to_pylist()[0]
-    assert row["at"] == datetime.datetime(2024, 5, 1, 12, 0, tzinfo=datetime.timezone.utc)
+    assert row["at"] == datetime.datetime(2024, 5, 1, 12, 0, tzinfo=datetime.UTC)
     assert row["day"] == datetime.date(2024, 5, 1) and row["price"] == decimal.Decimal("12.50") and row["buyer"]["name"] in ("b0", "b1")
 
     for field, bad_value, expected_offset in (("at", "yesterday", 11), ("qty", 2**40, 11), ("qty", None, 11)):
@@ -522,29 +520,28 @@ def rest_catalog(tmp_path_factory) -> Iterator[tuple[str, Path]]:
     warehouse = tmp_path_factory.mktemp("rest-warehouse")
     port = free_port()
     env = {**os.environ, "CATALOG_REST_PORT": str(port), "CATALOG_WAREHOUSE": f"file://{warehouse}"}
-    log = open(warehouse.parent / "rest-catalog.log", "wb")
-    proc = subprocess.Popen([jvm.java("iceberg-rest"), "-Xmx256m", "-cp", f"{jars}/*", "org.apache.iceberg.rest.RESTCatalogServer"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/v1/config", timeout=2).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"REST catalog did not start; see {log.name}") from None
-                time.sleep(0.3)
-        yield url, warehouse
-    finally:
-        proc.terminate()
+    with open(warehouse.parent / "rest-catalog.log", "wb") as log:
+        proc = subprocess.Popen([jvm.java("iceberg-rest"), "-Xmx256m", "-cp", f"{jars}/*", "org.apache.iceberg.rest.RESTCatalogServer"],
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
         try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    urllib.request.urlopen(f"{url}/v1/config", timeout=2).read()
+                    break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise AssertionError(f"REST catalog did not start; see {log.name}") from None
+                    time.sleep(0.3)
+            yield url, warehouse
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def test_rest_catalog_commit_and_recovery(rest_catalog: tuple[str, Path], unique: str, tmp_path: Path) -> None:

@@ -26,11 +26,11 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from eosink.connectors.api.errors import ConfigError, FatalError, FencedError, RecordError, RetryableError
-from eosink.connectors.postgres.sink import PostgresSink
 from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
+from eosink.connectors.postgres.sink import PostgresSink
+from eosink.worker.stack import Endpoints
 from tests.sinkkit import manifest_for as manifest
 from tests.sinkkit import prepare, records
-from eosink.worker.stack import Endpoints
 
 MakeSink = Callable[..., PostgresSink]
 PG = psycopg.Connection[Any]
@@ -472,7 +472,8 @@ def test_constraint_violation_without_line_is_found_by_bisection(
     make_sink: MakeSink, pg: PG, topic: str, table: str, unique: str
 ) -> None:
     # upsert: the staging COPY accepts the row, the INSERT ... ON CONFLICT refuses it (no line)
-    pg.execute(sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, amount double precision CHECK (amount >= 0))").format(sql.Identifier(table)))
+    pg.execute(sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, amount double precision CHECK (amount >= 0))")
+               .format(sql.Identifier(table)))
     sink = make_sink({"insert.mode": "upsert", "pk.mode": "record_value", "pk.fields": "id"})
     vals = [{"id": i, "amount": float(i)} for i in range(40)]
     vals[27] = {"id": 27, "amount": -1.0}
@@ -601,7 +602,8 @@ def test_auto_evolve_adds_column(make_sink: MakeSink, pg: PG, topic: str, table:
     sink = make_sink()
     cycle(sink, f"{unique}.w1.1.1", records(topic, [{"id": 0, "a": "x"}]))
     # the new field appears mid-batch: the running COPY stops, the column is added, the cycle redone
-    cycle(sink, f"{unique}.w1.1.2", records(topic, [{"id": 1, "a": "y"}, {"id": 2, "a": "z", "extra": {"deep": True}}, {"id": 3, "a": "w"}], start=1))
+    cycle(sink, f"{unique}.w1.1.2",
+          records(topic, [{"id": 1, "a": "y"}, {"id": 2, "a": "z", "extra": {"deep": True}}, {"id": 3, "a": "w"}], start=1))
     assert column_types(pg, table)["extra"] == "jsonb"
     assert rows(pg, table, "id, a, extra") == [(0, "x", None), (1, "y", None), (2, "z", {"deep": True}), (3, "w", None)]
     cycle(sink, f"{unique}.w1.1.3", records(topic, [{"id": 4, "a": "v", "n": 7}], start=4))  # new field in the first record
@@ -735,5 +737,6 @@ def test_max_prepared_transactions_zero_names_setting() -> None:
         assert "Set max_prepared_transactions" in str(err.value)
         sink.close()
     finally:
-        subprocess.run([*as_postgres, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True, timeout=60)
+        subprocess.run([*as_postgres, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+                       capture_output=True, timeout=60)
         shutil.rmtree(base, ignore_errors=True)

@@ -11,6 +11,9 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from eosink.connectors.api.errors import ConfigError, RecordError
 from eosink.connectors.api.records import SinkRecord
 from eosink.worker.transforms import (
@@ -25,8 +28,6 @@ from eosink.worker.transforms import (
 )
 from eosink.worker.transforms.base import RECORD_FIELDS, with_headers, with_key, with_topic, with_value
 from eosink.worker.transforms.dateformat import compile_format
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 PKG = "org.apache.kafka.connect.transforms."
 #: The machine is shared: slow draws are the machine's, not the strategy's.

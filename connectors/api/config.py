@@ -112,16 +112,16 @@ class ConfigDef:
     def define(
         self,
         name: str,
-        type: Type,
+        type: Type,  # noqa: A002 - Kafka Connect's ConfigDef.define(name, type, ...): a keyword callers may use
         default: Any = _REQUIRED,
         doc: str = "",
         importance: Importance = Importance.MEDIUM,
         validator: Validator | None = None,
-    ) -> "ConfigDef":
+    ) -> ConfigDef:
         self.keys[name] = ConfigKey(name, type, default, doc, importance, validator)
         return self
 
-    def extend(self, other: "ConfigDef") -> "ConfigDef":
+    def extend(self, other: ConfigDef) -> ConfigDef:
         """A new definition with ``other``'s keys added (a connector on top of the common keys)."""
         return ConfigDef({**self.keys, **other.keys})
 

@@ -47,10 +47,10 @@ class TwoPhaseCommitSink(abc.ABC):
         self.config = self.CONFIG.parse(config, source=f"connector '{connector}'")
 
     # -- lifecycle -------------------------------------------------------------------------
-    def open(self) -> None:
+    def open(self) -> None:  # noqa: B027 - an optional hook: a sink with nothing to connect leaves it empty
         """Connect and create what the sink needs (tables, buckets, directories)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook, as open()
         """Release connections. Prepared transactions survive on the resource."""
 
     # -- the commit cycle ------------------------------------------------------------------

@@ -274,7 +274,7 @@ class Store:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: one connection per worker, not one per request
-    server: "ReferenceServer"
+    server: ReferenceServer
 
     def do_GET(self) -> None:
         url = urlsplit(self.path)

@@ -90,7 +90,8 @@ def _json_text(v: Any) -> Any:
 
 
 def _type_name(t: type) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number", _NONE: "null"}.get(t, t.__name__)
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number", _NONE: "null"}
+    return names.get(t, t.__name__)
 
 
 def check_values(records: Sequence[SinkRecord]) -> list[dict[str, Any]]:

@@ -58,6 +58,10 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.locations import load_location_provider
 
+from eosink.connectors.api.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
+from eosink.connectors.api.errors import ConfigError, FatalError, RetryableError
+from eosink.connectors.api.records import SinkRecord, TxnManifest
+from eosink.connectors.api.sink import BatchingSink
 from eosink.connectors.iceberg import arrow as ia
 from eosink.connectors.iceberg import txn as itx
 from eosink.connectors.iceberg.store import Markers, Storage, txn_key
@@ -70,10 +74,6 @@ from eosink.connectors.iceberg.txn import (
     Prepared,
     TableTxn,
 )
-from eosink.connectors.api.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
-from eosink.connectors.api.errors import ConfigError, FatalError, RetryableError
-from eosink.connectors.api.records import SinkRecord, TxnManifest
-from eosink.connectors.api.sink import BatchingSink
 
 __all__ = ["IcebergSink", "CycleTimings", "SUMMARY_TXN", "SUMMARY_CONNECTOR", "SUMMARY_EPOCHS", "SUMMARY_OFFSETS"]
 log = logging.getLogger(__name__)
@@ -169,12 +169,15 @@ class IcebergSink(BatchingSink):
         for key, prop in (("iceberg.catalog.credential", "credential"), ("iceberg.catalog.token", "token")):
             if c[key]:
                 self.catalog_props[prop] = c[key]
-        self.table_props = {**itx.NO_RETRIES, **{k[len(TABLE_PROPS_PREFIX):]: str(v) for k, v in c.items() if k.startswith(TABLE_PROPS_PREFIX)}}
+        self.table_props = {**itx.NO_RETRIES,
+                            **{k[len(TABLE_PROPS_PREFIX):]: str(v) for k, v in c.items() if k.startswith(TABLE_PROPS_PREFIX)}}
         self.attempts: int = c["iceberg.commit.attempts"]
         self.storage = Storage.for_properties(io_props, fsync=bool(c["iceberg.fsync"]))
         self.markers = Markers(self.storage, pending, connector)
         #: Tells this sink's markers from a sibling's in a fanout connector writing to the same place.
-        self._fingerprint = hashlib.sha1(json.dumps([c["iceberg.catalog.uri"], c["iceberg.catalog.name"], self.template]).encode()).hexdigest()[:12]
+        self._fingerprint = hashlib.sha1(
+            json.dumps([c["iceberg.catalog.uri"], c["iceberg.catalog.name"], self.template]).encode()
+        ).hexdigest()[:12]
         self.tables = Tables(c["iceberg.catalog.name"], self.catalog_props, auto_create=bool(c["auto.create"]),
                              auto_evolve=bool(c["auto.evolve"]), kafka=self.kafka, partition_fields=c["iceberg.partition.fields"],
                              table_props=self.table_props, attempts=self.attempts)

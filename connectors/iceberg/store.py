@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -62,7 +62,7 @@ class Storage:
         self.fsync = fsync
 
     @classmethod
-    def for_properties(cls, properties: Mapping[str, str], fsync: bool = True) -> "Storage":
+    def for_properties(cls, properties: Mapping[str, str], fsync: bool = True) -> Storage:
         return cls(PyArrowFileIO(dict(properties)), fsync)
 
     def _fs(self, uri: str) -> tuple[pafs.FileSystem, str]:
@@ -127,7 +127,7 @@ class Storage:
                 raise
         return len(files)
 
-    def sync_files(self, uris: list[str]) -> None:
+    def sync_files(self, uris: Sequence[str]) -> None:
         """fsync local data files and their directories (a no-op for object stores)."""
         if not self.fsync:
             return

@@ -19,10 +19,10 @@ from pyiceberg.table import Table
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from eosink.connectors.iceberg import arrow as ia
-from eosink.connectors.iceberg import txn as itx
 from eosink.connectors.api.errors import FatalError, RetryableError
 from eosink.connectors.api.records import SinkRecord
+from eosink.connectors.iceberg import arrow as ia
+from eosink.connectors.iceberg import txn as itx
 
 log = logging.getLogger("eosink.connectors.iceberg.sink")
 

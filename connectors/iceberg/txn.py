@@ -56,7 +56,7 @@ class TableTxn:
         return {"table": self.table, "dir": self.dir, "partitions": self.partitions, "files": self.files}
 
     @classmethod
-    def from_doc(cls, d: Mapping[str, Any]) -> "TableTxn":
+    def from_doc(cls, d: Mapping[str, Any]) -> TableTxn:
         return cls(d["table"], d["dir"], [(t, int(p)) for t, p in d["partitions"]], list(d["files"]))
 
     def ranges(self, manifest: TxnManifest) -> list[PartitionRange]:

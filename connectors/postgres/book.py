@@ -13,9 +13,9 @@ from typing import Any
 
 import psycopg
 
-from eosink.connectors.postgres.copy import COMPONENT
 from eosink.connectors.api.errors import FencedError
 from eosink.connectors.api.records import PartitionRange, TopicPartition, TxnManifest
+from eosink.connectors.postgres.rejects import COMPONENT
 
 #: Every GID this sink prepares is ``eosink:<txn_id>``.
 GID_PREFIX = "eosink:"

@@ -24,7 +24,8 @@ from psycopg import sql
 
 from eosink.connectors.api.errors import ConfigError
 from eosink.connectors.api.records import SinkRecord
-from eosink.connectors.postgres.copy import RowRejected, Shape, copy_run, group_by_shape, latest_per_key, record_error
+from eosink.connectors.postgres.copy import Shape, copy_run, group_by_shape, latest_per_key
+from eosink.connectors.postgres.rejects import RowRejected, record_error
 from eosink.connectors.postgres.schema import Table
 
 

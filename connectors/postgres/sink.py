@@ -62,31 +62,29 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 from psycopg import Xid
-from psycopg.conninfo import conninfo_to_dict
 
+from eosink.connectors.api.errors import ConfigError, EosinkError, FatalError, FencedError, RecordError
+from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
+from eosink.connectors.api.sink import BatchingSink
 from eosink.connectors.postgres import book as book
 from eosink.connectors.postgres import config as pgconf
 from eosink.connectors.postgres import copy as pgc
 from eosink.connectors.postgres import dml as pgdml
-from eosink.connectors.postgres import schema as pgs
 from eosink.connectors.postgres.book import GID_PREFIX
+from eosink.connectors.postgres.connection import PostgresConnections
+from eosink.connectors.postgres.rejects import COMPONENT, NeedsDDL, RowRejected, locate
 from eosink.connectors.postgres.tables import Groups, TableCache, TableKey
-from eosink.connectors.api.errors import ConfigError, EosinkError, FatalError, FencedError, RecordError, RetryableError
-from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
-from eosink.connectors.api.sink import BatchingSink
 
 log = logging.getLogger(__name__)
-COMPONENT = "postgres"
 #: PostgreSQL's GID limit: "a string literal less than 200 bytes long".
 MAX_GID_BYTES = 199
 _MAX_ATTEMPTS = 3
-T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -100,8 +98,12 @@ class CycleTimings:
     rows: int = 0
 
 
-class PostgresSink(BatchingSink):
-    """Exactly-once delivery into PostgreSQL tables via ``PREPARE TRANSACTION``."""
+class PostgresSink(PostgresConnections, BatchingSink):
+    """Exactly-once delivery into PostgreSQL tables via ``PREPARE TRANSACTION``.
+
+    Connection handling (both connections, reconnecting, error classes) is in
+    :class:`~eosink.connectors.postgres.connection.PostgresConnections`.
+    """
 
     ALIAS = "postgres"
     CONFIG = pgconf.CONFIG  # Kafka Connect JDBC sink keys: see eosink.connectors.postgres.config
@@ -139,108 +141,6 @@ class PostgresSink(BatchingSink):
                     pass
         self._tx = self._ac = None
         self._tx_state = "idle"
-
-    def _connect(self, autocommit: bool) -> psycopg.Connection[Any]:
-        url = self.config["connection.url"]
-        kwargs: dict[str, Any] = {"autocommit": autocommit, "application_name": f"eosink/{self.connector}"[:63]}
-        try:
-            if "connect_timeout" not in conninfo_to_dict(url):
-                kwargs["connect_timeout"] = 10
-        except psycopg.ProgrammingError as exc:
-            raise ConfigError(f"not a valid PostgreSQL DSN: {exc}", key="connection.url", source=f"connector '{self.connector}'") from None
-        if self.config["connection.user"]:
-            kwargs["user"] = self.config["connection.user"]
-        if self.config["connection.password"]:
-            kwargs["password"] = self.config["connection.password"]
-        attempts, backoff = int(self.config["connection.attempts"]), self.config["connection.backoff.ms"] / 1000
-        tz = self.config["db.timezone"]
-        for attempt in range(1, attempts + 1):
-            try:
-                conn = psycopg.connect(url, **kwargs)
-                conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{int(self.config['lock.timeout.ms'])}ms",))
-                if tz:
-                    conn.execute("SELECT set_config('TimeZone', %s, false)", (tz,))
-                if not autocommit:
-                    conn.commit()
-                break
-            except psycopg.OperationalError as exc:
-                if attempt == attempts:
-                    raise RetryableError(f"cannot connect to PostgreSQL ({attempt} attempt(s), connection.attempts): {exc}".strip(),
-                                         component=COMPONENT) from exc
-                time.sleep(backoff)
-            except psycopg.DataError as exc:  # set_config: a zone the server does not know
-                raise ConfigError(f"PostgreSQL refuses time zone {tz!r}: {exc}", key="db.timezone",
-                                  source=f"connector '{self.connector}'") from None
-        pgc.register_dumpers(conn)
-        return conn
-
-    def _acon(self) -> psycopg.Connection[Any]:
-        if self._ac is None or self._ac.closed or self._ac.broken:
-            conn = self._connect(autocommit=True)
-            if not self._bootstrapped:
-                try:
-                    self._check_server(conn)
-                    pgs.bootstrap(conn)
-                except BaseException as exc:
-                    conn.close()
-                    if isinstance(exc, psycopg.Error):
-                        raise self._error(exc, None, "creating the bookkeeping tables") from exc
-                    raise
-                self._bootstrapped = True
-            self._ac = conn
-        return self._ac
-
-    def _tcon(self) -> psycopg.Connection[Any]:
-        if self._tx is None or self._tx.closed or self._tx.broken:
-            self._tx = self._connect(autocommit=False)
-            self._tx_state = "idle"
-        return self._tx
-
-    def _check_server(self, conn: psycopg.Connection[Any]) -> None:
-        row = conn.execute("SHOW max_prepared_transactions").fetchone()
-        if row is None or int(row[0]) <= 0:
-            info = conn.info
-            raise FatalError(
-                f"PostgreSQL at {info.host}:{info.port}/{info.dbname} has max_prepared_transactions = 0, so two-phase "
-                "commit is disabled. Set max_prepared_transactions (at least the number of sink tasks writing to this "
-                "server, e.g. 64) in postgresql.conf and restart PostgreSQL.",
-                component=COMPONENT,
-            )
-
-    def _with_ac(self, fn: Callable[[psycopg.Connection[Any]], T], what: str = "statement") -> T:
-        """Run an idempotent ``fn`` on the autocommit connection, reconnecting once if it broke.
-
-        Everything run here may be repeated (the sink contract makes every operation idempotent),
-        so a connection found dead - e.g. after a server restart - costs a retry, not a cycle.
-        """
-        for attempt in (1, 2):
-            conn = self._acon()
-            try:
-                return fn(conn)
-            except psycopg.Error as exc:
-                if attempt == 1 and (conn.broken or conn.closed) and isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
-                    self._ac = None
-                    continue
-                raise self._error(exc, conn, what) from exc
-        raise AssertionError("unreachable")
-
-    def _error(self, exc: psycopg.Error, conn: psycopg.Connection[Any] | None, what: str) -> EosinkError:
-        """Retryable for lost connections, timeouts and serialization failures; fatal otherwise."""
-        if conn is not None and (conn.broken or conn.closed):
-            if conn is self._ac:
-                self._ac = None
-            elif conn is self._tx:
-                self._tx = None
-                self._tx_state = "idle"
-        if isinstance(exc, psycopg.errors.LockNotAvailable):
-            return RetryableError(
-                f"{what} failed: {exc}; waited lock.timeout.ms={self.config['lock.timeout.ms']} for a lock - a prepared "
-                "transaction (see pg_prepared_xacts) or a long-running statement holds it".strip(),
-                component=COMPONENT,
-            )
-        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
-            return RetryableError(f"{what} failed: {exc}".strip(), component=COMPONENT)
-        return FatalError(f"{what} failed: {pgc.describe(exc)}", component=COMPONENT)
 
     # -- ids --------------------------------------------------------------------------------
     def _gid_check(self, txn_id: str) -> str:
@@ -284,7 +184,7 @@ class PostgresSink(BatchingSink):
                 self._prepare_once(manifest, xid, groups)
                 self.timings.write_ms += (t1 - t0) * 1000
                 return
-            except pgc.NeedsDDL as need:
+            except NeedsDDL as need:
                 self._rollback_tx()
                 key = (need.table.schema, need.table.name)
                 self._tables.evolve(key, *groups[key])
@@ -295,7 +195,7 @@ class PostgresSink(BatchingSink):
                 self._tables.clear()  # cached metadata is stale: re-check every table
                 for key, (recs, values) in groups.items():
                     self._tables.ensure(key, recs, values)
-            except pgc.RowRejected as rej:
+            except RowRejected as rej:
                 self._rollback_tx()
                 if attempt < _MAX_ATTEMPTS and self._tables.changed(groups):
                     continue  # altered under us (e.g. a column type): not the record's fault
@@ -411,10 +311,10 @@ class PostgresSink(BatchingSink):
         else:
             pgc.write_insert(cur, table, recs, values, self.kafka, evolve)
 
-    def _locate(self, rej: pgc.RowRejected, groups: Groups) -> EosinkError:
+    def _locate(self, rej: RowRejected, groups: Groups) -> EosinkError:
         key = (rej.table.schema, rej.table.name)
         recs, values = groups[key]
-        return pgc.locate(rej, recs, values, lambda cur, r, v: self._write(cur, key, r, v, False), self._with_ac)
+        return locate(rej, recs, values, lambda cur, r, v: self._write(cur, key, r, v, False), self._with_ac)
 
     # -- commit / abort / recover ---------------------------------------------------------
     def commit(self, txn_id: str) -> None:

@@ -22,6 +22,7 @@ import psycopg
 from eosink.connectors.api.errors import ConfigError, RetryableError
 from eosink.connectors.api.records import SinkRecord
 from eosink.connectors.postgres import copy as pgc
+from eosink.connectors.postgres import rejects as pgr
 from eosink.connectors.postgres import schema as pgs
 from eosink.connectors.postgres.config import Settings
 
@@ -133,7 +134,7 @@ class TableCache:
         """
         key = rec.key
         if key is None:
-            raise pgc.record_error(rec, "the Kafka key is null but pk.mode=record_key")
+            raise pgr.record_error(rec, "the Kafka key is null but pk.mode=record_key")
         obj: Any = key
         if isinstance(key, bytes):  # key.converter=bytes (the default): JSON if it parses, else text
             try:
@@ -142,16 +143,16 @@ class TableCache:
                 try:
                     obj = key.decode("utf-8")
                 except UnicodeDecodeError:
-                    raise pgc.record_error(rec, "the Kafka key is neither JSON nor UTF-8 text (pk.mode=record_key)") from None
+                    raise pgr.record_error(rec, "the Kafka key is neither JSON nor UTF-8 text (pk.mode=record_key)") from None
         if type(obj) is dict:
             if not self.pk_fields:
                 return obj
             for f in self.pk_fields:
                 if f not in obj:
-                    raise pgc.record_error(rec, f"primary key field {f!r} is missing from the Kafka key", f)
+                    raise pgr.record_error(rec, f"primary key field {f!r} is missing from the Kafka key", f)
             return {f: obj[f] for f in self.pk_fields}
         if len(self.pk_fields) > 1:
-            raise pgc.record_error(rec, f"the Kafka key is a JSON {type(obj).__name__}, not an object, but pk.fields names "
+            raise pgr.record_error(rec, f"the Kafka key is a JSON {type(obj).__name__}, not an object, but pk.fields names "
                                         f"{len(self.pk_fields)} fields; a non-object key fills one column")
         return {(self.pk_fields[0] if self.pk_fields else "__key"): obj}
 
@@ -213,7 +214,7 @@ class TableCache:
     def _reload(self, key: TableKey) -> pgs.Table:
         table: pgs.Table | None = self._run(lambda c: pgs.load_table(c, key[0], key[1], with_stage=self.staged), "reading the table")
         if table is None:
-            raise RetryableError(f"table {display(key)} disappeared while the sink was using it", component=pgc.COMPONENT)
+            raise RetryableError(f"table {display(key)} disappeared while the sink was using it", component=pgr.COMPONENT)
         return table
 
     def _create(self, key: TableKey, recs: list[SinkRecord], values: list[Any]) -> pgs.Table:
@@ -221,7 +222,7 @@ class TableCache:
             raise ConfigError(f"table {display(key)} does not exist and auto.create is false", key="auto.create", source=self.source)
         for r, v in zip(recs, values):
             if type(v) is not dict:
-                raise pgc.non_object_error(r, v)
+                raise pgr.non_object_error(r, v)
         pk = self.pk(recs) if self.pk_mode != "none" else []
         if pk:
             pgc.latest_per_key(recs, values, pk)  # names the first record lacking a key field
@@ -244,7 +245,7 @@ class TableCache:
                 if type(v) is dict:
                     for k, x in v.items():
                         if x is not None and k in new:
-                            raise pgc.record_error(r, f"{table.display} has no column {k!r} and auto.evolve is false", k)
+                            raise pgr.record_error(r, f"{table.display} has no column {k!r} and auto.evolve is false", k)
         self._check_names(new, recs, values)
         self._run(lambda c: pgs.add_columns(c, table, list(new.items())), "altering the table")
         log.info("added columns to %s: %s", table.display, ", ".join(f"{c} {t}" for c, t in new.items()))
@@ -256,4 +257,4 @@ class TableCache:
             why = pgs.check_identifier(name, "field")
             if why:
                 rec = next(r for r, v in zip(recs, values) if isinstance(v, dict) and name in v)
-                raise pgc.record_error(rec, why, name)
+                raise pgr.record_error(rec, why, name)

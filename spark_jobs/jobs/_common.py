@@ -8,7 +8,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 
@@ -17,7 +17,7 @@ from eosink.connectors.api.errors import ConfigError, EosinkError
 
 def new_run_id() -> str:
     """A fresh run id (UTC time + random suffix); re-use the printed one to re-run idempotently."""
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
 
 
 def default_bootstrap() -> str | None:
@@ -53,7 +53,7 @@ def ensure_topics(bootstrap: str, topics: Iterable[str], partitions: int = 3, ti
     if not missing:
         return []
     futures = admin.create_topics([NewTopic(t, num_partitions=partitions, replication_factor=-1) for t in missing])
-    for t, f in futures.items():
+    for f in futures.values():
         try:
             f.result(timeout_s)
         except KafkaException as e:

@@ -212,7 +212,8 @@ def parse_connector(name: Any, config: Any, *, source: str | None = None, resolv
     if not isinstance(name, str) or not name:
         raise ConfigError("'name' is required: {\"name\": ..., \"config\": {...}}", key="name", source=source)
     if not CONNECTOR_NAME.match(name):
-        raise ConfigError("must be 1-100 letters, digits, '_' or '-' (it names znodes, tables and transaction ids)", key="name", source=source)
+        raise ConfigError("must be 1-100 letters, digits, '_' or '-' (it names znodes, tables and transaction ids)",
+                          key="name", source=source)
     if not isinstance(config, Mapping):
         raise ConfigError("'config' must be a JSON object", key="config", source=source)
     if "name" in config and config["name"] != name:

@@ -104,7 +104,7 @@ class DeadLetterSink(TwoPhaseCommitSink):
         self.context_headers = context_headers
         self.replication_factor = replication_factor
         self.timeout_s = timeout_s
-        self.kafka = {"bootstrap.servers": bootstrap, **dict(kafka or {})}
+        self.kafka: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap, **dict(kafka or {})}
         self.root = paths.deadletter(session.root, connector)
         self._txn: str | None = None
         self._staged: list[FailedRecord] = []

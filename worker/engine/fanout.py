@@ -11,7 +11,7 @@ abort path (remembered and retried when a sink cannot abort now). Keeping the lo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from eosink.connectors.api.errors import FatalError, Outcome, outcome_of
@@ -33,7 +33,7 @@ class SinkFanout:
         #: Txns some sink could not abort yet: aborted again before the next cycle.
         self.abort_pending: list[str] = []
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[TwoPhaseCommitSink]:
         return iter(self.sinks)
 
     def open(self) -> None:

@@ -350,7 +350,7 @@ class KafkaSource:
         from confluent_kafka import KafkaException
         from confluent_kafka import TopicPartition as KTP
 
-        out = {}
+        out: dict[TopicPartition, int] = {}
         try:
             positions = self.consumer.position([KTP(tp.topic, tp.partition) for tp in self._assigned])
         except KafkaException:

@@ -9,10 +9,7 @@ Outcomes of a cycle follow the failure table of ``docs/architecture.md``: a fail
 decision aborts every sink (ABORTED, retried); a refused compare-and-set, at the decision or at a
 sink's resource, is FENCED (abort, drop those partitions); an unknown decision outcome is settled
 by reading the log once reconnected; a commit that keeps failing is FATAL, and the decision stands.
-
-Recovery runs on every newly acquired partition after the epoch bump and before consuming:
-a prepared txn named in the decision log is committed, one that a newer epoch has fenced is
-aborted, anything else is left and reported, and its partitions are not consumed.
+Recovery of newly acquired partitions is described there too ("Recovery") and done in ``recovery.py``.
 """
 
 from __future__ import annotations
@@ -26,14 +23,7 @@ from typing import Any
 
 import structlog
 
-from eosink.connectors.api.errors import (
-    CommitStateUnknownError,
-    EosinkError,
-    FatalError,
-    FencedError,
-    Outcome,
-    outcome_of,
-)
+from eosink.connectors.api.errors import CommitStateUnknownError, EosinkError, FatalError, FencedError, Outcome, outcome_of
 from eosink.connectors.api.records import TopicPartition, TxnManifest
 from eosink.connectors.api.sink import TwoPhaseCommitSink
 from eosink.worker import metrics

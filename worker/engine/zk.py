@@ -81,5 +81,6 @@ class ZkSession:
         deadline = time.monotonic() + (wait if wait is not None else self.request_timeout)
         while not self.can_decide():
             if time.monotonic() > deadline:
-                raise CoordinatorUnavailableError(f"not connected to ZooKeeper ({self._state}) at {self.client.hosts}", component="zookeeper")
+                raise CoordinatorUnavailableError(f"not connected to ZooKeeper ({self._state}) at {self.client.hosts}",
+                                                  component="zookeeper")
             time.sleep(0.05)

@@ -64,7 +64,7 @@ def _to_int(bits: int) -> Callable[[Any], int]:
 
 def _f32(x: float) -> float:
     try:
-        return struct.unpack("f", struct.pack("f", x))[0]  # type: ignore[no-any-return]
+        return struct.unpack("f", struct.pack("f", x))[0]
     except OverflowError:
         return math.copysign(math.inf, x)
 
@@ -93,18 +93,18 @@ def _to_float(single: bool) -> Callable[[Any], float]:
 def _to_boolean(x: Any) -> bool:
     t = type(x)
     if t is bool:
-        return x  # type: ignore[no-any-return]
+        return x
     if t is int or t is float:
         return _float_to_int(x, 64) != 0 if t is float else x != 0
     if t is str:
-        return x.lower() == "true"  # type: ignore[no-any-return]
+        return x.lower() == "true"
     raise BadRecord(f"cannot cast a value of type {type_name(x)} to boolean")
 
 
 def _to_string(x: Any) -> str:
     t = type(x)
     if t is str:
-        return x  # type: ignore[no-any-return]
+        return x
     if t is bool:
         return "true" if x else "false"
     if t is int or t is float:

@@ -164,7 +164,7 @@ class TransformChain:
         out: SinkRecord | None = record
         stage = None
         try:
-            for stage, run in self._runs:
+            for stage, run in self._runs:  # noqa: B007 - the except clauses below name the stage that raised
                 out = run(out)  # type: ignore[arg-type]
                 if out is None:
                     return None

@@ -58,7 +58,7 @@ class TimestampConverter(MapTransform):
     def _to_ms(self, x: Any) -> int:
         t = type(x)
         if t is int:
-            return x * self._mul if self._mul != 1 else _tdiv(x, self._div)  # type: ignore[no-any-return]
+            return x * self._mul if self._mul != 1 else _tdiv(x, self._div)
         if t is str:
             if self._format is None:
                 raise BadRecord("a string timestamp needs the format setting")

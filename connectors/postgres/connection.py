@@ -1,0 +1,142 @@
+"""The PostgreSQL sink's two connections: opening them, checking the server, naming their errors.
+
+The sink keeps two connections (:mod:`eosink.connectors.postgres.sink`): an autocommit one for
+manifests, DDL, COMMIT/ROLLBACK PREPARED and recovery, and one that runs only the two-phase
+transactions. They live apart from the commit cycle because how a connection is made (DSN,
+timeouts, retries, time zone), which server is acceptable (``max_prepared_transactions`` > 0)
+and how a psycopg error becomes an outcome class (retryable for lost connections and lock
+timeouts, fatal otherwise) are one concern, shared by every phase of the cycle.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from eosink.connectors.api.errors import ConfigError, EosinkError, FatalError, RetryableError
+from eosink.connectors.postgres import copy as pgc
+from eosink.connectors.postgres import schema as pgs
+from eosink.connectors.postgres.rejects import COMPONENT, describe
+
+T = TypeVar("T")
+
+
+class PostgresConnections:
+    """Connection handling mixed into :class:`~eosink.connectors.postgres.sink.PostgresSink`.
+
+    The sink's ``__init__`` sets the attributes declared here; the methods below reconnect
+    whichever connection broke and leave the other alone.
+    """
+
+    connector: str
+    config: dict[str, Any]
+    _ac: psycopg.Connection[Any] | None  # autocommit: manifests, DDL, COMMIT/ROLLBACK PREPARED, recovery
+    _tx: psycopg.Connection[Any] | None  # the two-phase transactions only
+    _tx_state: str  # idle | active | prepare-sent
+    _bootstrapped: bool
+
+    def _connect(self, autocommit: bool) -> psycopg.Connection[Any]:
+        url = self.config["connection.url"]
+        kwargs: dict[str, Any] = {"autocommit": autocommit, "application_name": f"eosink/{self.connector}"[:63]}
+        try:
+            if "connect_timeout" not in conninfo_to_dict(url):
+                kwargs["connect_timeout"] = 10
+        except psycopg.ProgrammingError as exc:
+            raise ConfigError(f"not a valid PostgreSQL DSN: {exc}", key="connection.url", source=f"connector '{self.connector}'") from None
+        if self.config["connection.user"]:
+            kwargs["user"] = self.config["connection.user"]
+        if self.config["connection.password"]:
+            kwargs["password"] = self.config["connection.password"]
+        attempts, backoff = int(self.config["connection.attempts"]), self.config["connection.backoff.ms"] / 1000
+        tz = self.config["db.timezone"]
+        for attempt in range(1, attempts + 1):
+            try:
+                conn = psycopg.connect(url, **kwargs)
+                conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{int(self.config['lock.timeout.ms'])}ms",))
+                if tz:
+                    conn.execute("SELECT set_config('TimeZone', %s, false)", (tz,))
+                if not autocommit:
+                    conn.commit()
+                break
+            except psycopg.OperationalError as exc:
+                if attempt == attempts:
+                    raise RetryableError(f"cannot connect to PostgreSQL ({attempt} attempt(s), connection.attempts): {exc}".strip(),
+                                         component=COMPONENT) from exc
+                time.sleep(backoff)
+            except psycopg.DataError as exc:  # set_config: a zone the server does not know
+                raise ConfigError(f"PostgreSQL refuses time zone {tz!r}: {exc}", key="db.timezone",
+                                  source=f"connector '{self.connector}'") from None
+        pgc.register_dumpers(conn)
+        return conn
+
+    def _acon(self) -> psycopg.Connection[Any]:
+        if self._ac is None or self._ac.closed or self._ac.broken:
+            conn = self._connect(autocommit=True)
+            if not self._bootstrapped:
+                try:
+                    self._check_server(conn)
+                    pgs.bootstrap(conn)
+                except BaseException as exc:
+                    conn.close()
+                    if isinstance(exc, psycopg.Error):
+                        raise self._error(exc, None, "creating the bookkeeping tables") from exc
+                    raise
+                self._bootstrapped = True
+            self._ac = conn
+        return self._ac
+
+    def _tcon(self) -> psycopg.Connection[Any]:
+        if self._tx is None or self._tx.closed or self._tx.broken:
+            self._tx = self._connect(autocommit=False)
+            self._tx_state = "idle"
+        return self._tx
+
+    def _check_server(self, conn: psycopg.Connection[Any]) -> None:
+        row = conn.execute("SHOW max_prepared_transactions").fetchone()
+        if row is None or int(row[0]) <= 0:
+            info = conn.info
+            raise FatalError(
+                f"PostgreSQL at {info.host}:{info.port}/{info.dbname} has max_prepared_transactions = 0, so two-phase "
+                "commit is disabled. Set max_prepared_transactions (at least the number of sink tasks writing to this "
+                "server, e.g. 64) in postgresql.conf and restart PostgreSQL.",
+                component=COMPONENT,
+            )
+
+    def _with_ac(self, fn: Callable[[psycopg.Connection[Any]], T], what: str = "statement") -> T:
+        """Run an idempotent ``fn`` on the autocommit connection, reconnecting once if it broke.
+
+        Everything run here may be repeated (the sink contract makes every operation idempotent),
+        so a connection found dead - e.g. after a server restart - costs a retry, not a cycle.
+        """
+        for attempt in (1, 2):
+            conn = self._acon()
+            try:
+                return fn(conn)
+            except psycopg.Error as exc:
+                if attempt == 1 and (conn.broken or conn.closed) and isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+                    self._ac = None
+                    continue
+                raise self._error(exc, conn, what) from exc
+        raise AssertionError("unreachable")
+
+    def _error(self, exc: psycopg.Error, conn: psycopg.Connection[Any] | None, what: str) -> EosinkError:
+        """Retryable for lost connections, timeouts and serialization failures; fatal otherwise."""
+        if conn is not None and (conn.broken or conn.closed):
+            if conn is self._ac:
+                self._ac = None
+            elif conn is self._tx:
+                self._tx = None
+                self._tx_state = "idle"
+        if isinstance(exc, psycopg.errors.LockNotAvailable):
+            return RetryableError(
+                f"{what} failed: {exc}; waited lock.timeout.ms={self.config['lock.timeout.ms']} for a lock - a prepared "
+                "transaction (see pg_prepared_xacts) or a long-running statement holds it".strip(),
+                component=COMPONENT,
+            )
+        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+            return RetryableError(f"{what} failed: {exc}".strip(), component=COMPONENT)
+        return FatalError(f"{what} failed: {describe(exc)}", component=COMPONENT)
