@@ -22,7 +22,10 @@ stack: venv
 demo: stack
 	$(EOSINK) demo
 
+# Lint and types first (seconds), then the suite against the real stack.
 test: stack
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Three workers watched by a real Prometheus with docker/observability/alerts.yml; a drill fires

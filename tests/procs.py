@@ -30,7 +30,7 @@ class WorkerProcess:
         env.pop("EOSINK_FAULT", None)
         if fault:
             env["EOSINK_FAULT"] = fault
-        self._log = open(self.log_path, "ab")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - the worker process writes it for its whole life
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "eosink.worker.clients.cli", "worker", "--bootstrap-servers", stack.kafka_bootstrap,
              "--zookeeper", zookeeper or stack.zookeeper_hosts, "--cluster", cluster, "--worker-id", worker_id,

@@ -17,7 +17,7 @@ import operator
 from collections.abc import Sequence
 from json.encoder import encode_basestring_ascii
 
-from eosink.connectors.api.records import key_json, SinkRecord, json_document
+from eosink.connectors.api.records import SinkRecord, json_document, key_json
 
 _raw_value = operator.attrgetter("raw_value")
 _value = operator.attrgetter("value")

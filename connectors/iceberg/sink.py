@@ -130,7 +130,8 @@ class IcebergSink(BatchingSink):
         .define("auto.create", Type.BOOLEAN, True, "Create a missing namespace/table from the batch's JSON types.")
         .define("auto.evolve", Type.BOOLEAN, True, "Add an optional column for a new non-null field; off: such a record is a RecordError.")
         .define("fields.kafka", Type.BOOLEAN, True, "Add required columns __topic string, __partition int, __offset long.")
-        .define("s3.endpoint", Type.STRING, None, "S3 endpoint URL (MinIO, another S3-compatible server; unset for AWS); passed to pyiceberg's FileIO.")
+        .define("s3.endpoint", Type.STRING, None,
+                "S3 endpoint URL (MinIO, another S3-compatible server; unset for AWS); passed to pyiceberg's FileIO.")
         .define("s3.access-key-id", Type.STRING, None, "S3 access key id.")
         .define("s3.secret-access-key", Type.PASSWORD, None, "S3 secret access key.")
         .define("s3.region", Type.STRING, None, "S3 region, e.g. us-east-1.")

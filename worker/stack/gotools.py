@@ -26,6 +26,8 @@ from eosink.worker.stack import proc
 from eosink.worker.stack.errors import ComponentError
 
 GO_BUILD_TIMEOUT_S = 1800
+#: Where progress lines go: a stream (stderr) or the stack's reporter (:class:`ReportLines`).
+Out = TextIO | io.TextIOBase
 PROGRESS_EVERY_S = 10.0
 
 
@@ -49,7 +51,7 @@ def binary_dir(module: str, version: str) -> Path:
 
 
 def go_binary(module: str, version: str, names: Sequence[str], *, component: str | None = None,
-              progress: TextIO | None = None) -> dict[str, Path]:
+              progress: Out | None = None) -> dict[str, Path]:
     """Paths of the binaries ``names`` of ``module@version``, built with ``go install`` when missing.
 
     ``component`` names the caller in errors (default: the tool); ``progress`` receives the build's
@@ -88,7 +90,7 @@ def go_binary(module: str, version: str, names: Sequence[str], *, component: str
     return paths
 
 
-def run_with_progress(argv: list[str], env: dict[str, str] | None, what: str, component: str, out: TextIO,
+def run_with_progress(argv: list[str], env: dict[str, str] | None, what: str, component: str, out: Out,
                       timeout_s: float = GO_BUILD_TIMEOUT_S, every_s: float | None = None
                       ) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` to completion, printing ``what...`` first and an elapsed-time line every ``every_s``
