@@ -1,0 +1,441 @@
+"""Benchmark: end to end, Kafka -> one ``eosink worker`` process -> PostgreSQL, against a raw binary COPY.
+
+What a user sees: a topic of ``--partitions`` partitions pre-filled transactionally with ``--records``
+~210-byte JSON orders (``bench._data.order``), one real worker process (``eosink worker``, as
+deployed, against the local stack, a cluster name of its own), and a ``postgres`` connector
+(insert mode, auto.create) registered through the REST API. The clock starts at the POST and stops
+when ``SELECT count(*)`` (polled every ``--poll-s``) sees every row: assignment, recovery, the
+consumer's start, every cycle and the last cycle's wait for records that never come are all in it.
+
+Also reported: the worker's peak RSS (VmHWM from /proc) and CPU time (user + system, every thread)
+from the POST to the last row; the per-step histograms of its /metrics (``eosink_cycle_step_seconds``,
+``eosink_cycle_seconds``) and its per-cycle log lines, so "where the time goes" is in every run
+(the poll + decode share is the cycle's time minus its steps). Checked afterwards: exactly the N
+distinct ids 0..N-1, none twice, and no prepared transaction left behind.
+
+Baseline, in the same run and in a fresh process: the same N rows, pre-built as tuples, binary
+COPY into a fresh table of the same shape, one COPY + COMMIT per ``batch.max.records`` rows (no
+Kafka, no JSON, no 2PC): the end-to-end rate is printed as a share of it.
+
+    python bench/bench_e2e.py [--records 1000000] [--partitions 6] [--commit-interval-ms 1000]
+        [--batch-max-records N] [--consumer fetch.max.bytes=...] [--py-spy profile.svg]
+
+Run it from the repository root with the stack up (``eosink stack up``, or EOSINK_HOME pointing at a
+running one). Results are appended to ``bench/results/e2e.json``. ``--wait-load`` (default 2.5)
+waits, up to 10 minutes, for the 1-minute load average to drop below it before each measured part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from operator import itemgetter
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import psycopg  # noqa: E402
+from confluent_kafka import KafkaException, Producer  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from psycopg import sql  # noqa: E402
+
+from bench._data import order  # noqa: E402
+from bench.bench_postgres_sink import COLUMNS, COPY_TYPES, FIELDS, create_table  # noqa: E402
+from bench.bench_worker import TXN_RECORDS, cpu_of, expected_high_watermarks, in_child, watermarks  # noqa: E402
+from eosink.worker.stack.endpoints import load_endpoints  # noqa: E402
+
+RESULTS = REPO / "bench" / "results" / "e2e.json"
+TARGET_RATE = 300_000
+
+
+def value_of(i: int) -> bytes:
+    """The outbox record with id ``i``: ``order(i)`` as compact JSON (~210 bytes)."""
+    return json.dumps(order(i), separators=(",", ":")).encode()
+
+
+# ---------------------------------------------------------------------------------------- pre-fill
+def prefill(bootstrap: str, topic: str, n: int, partitions: int) -> None:
+    """Make ``topic`` hold exactly ``n`` committed records (record i in partition i % P), unless it does."""
+    want = [(0, h) for h in expected_high_watermarks(n, partitions)]
+    have = watermarks(bootstrap, topic, partitions)
+    if have == want:
+        print(f"  {topic} already holds {n:,} records in {partitions} partitions")
+        return
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + 60
+    if topic in admin.list_topics(timeout=10).topics:
+        print(f"  {topic} does not hold exactly {n:,} records (watermarks {have}): recreating it")
+        admin.delete_topics([topic], operation_timeout=30)[topic].result()
+        while topic in admin.list_topics(timeout=10).topics:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"topic {topic} still listed 60s after its deletion")
+            time.sleep(0.2)
+    while True:  # creation right after a deletion can be refused for a moment
+        try:
+            admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=30)[topic].result()
+            break
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    t0 = time.perf_counter()
+    txn_id = f"bench-e2e-{topic}-{uuid.uuid4().hex[:6]}"
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": txn_id, "linger.ms": 50,
+                         "batch.size": 1_000_000, "queue.buffering.max.messages": 500_000,
+                         "queue.buffering.max.kbytes": 512 * 1024})
+    producer.init_transactions(30)
+    for start in range(0, n, TXN_RECORDS):
+        producer.begin_transaction()
+        for i in range(start, min(n, start + TXN_RECORDS)):
+            while True:
+                try:
+                    producer.produce(topic, value_of(i), str(i).encode(), partition=i % partitions)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        producer.commit_transaction(120)
+    print(f"  pre-filled {topic}: {n:,} records in {partitions} partitions in {time.perf_counter() - t0:.1f}s")
+    if watermarks(bootstrap, topic, partitions) != want:
+        raise RuntimeError(f"after pre-filling, {topic} does not have the watermarks {want}")
+
+
+# ---------------------------------------------------------------------------------------- baseline
+def raw_copy(dsn: str, table: str, n: int, partitions: int, batch: int, topic: str) -> dict[str, float]:
+    """Binary COPY of the same ``n`` rows, pre-built (outside the timing), one COPY + COMMIT per ``batch``."""
+    import gc
+
+    getter = itemgetter(*[f for f, _, _ in FIELDS])
+    rows = [getter(order(i)) + (topic, i % partitions, i // partitions) for i in range(n)]
+    gc.collect()
+    gc.freeze()
+    stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+        sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, COLUMNS)))
+    with psycopg.connect(dsn) as conn:
+        create_table(conn, table)
+        t0, c0 = time.perf_counter(), time.process_time()
+        for start in range(0, n, batch):
+            with conn.cursor() as cur, cur.copy(stmt) as cp:
+                cp.set_types(COPY_TYPES)
+                write = cp.write_row
+                for row in rows[start:start + batch]:
+                    write(row)
+            conn.commit()
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        got = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))).fetchone()
+        conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(table)))
+        conn.commit()
+    if not got or got[0] != n:
+        raise RuntimeError(f"raw COPY: {got} rows instead of {n}")
+    return {"seconds": seconds, "cpu_s": cpu, "rate": n / seconds}
+
+
+# ---------------------------------------------------------------------------------------- worker
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS / VmHWM (kB) of a process."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(rest.split()[0])
+    return out
+
+
+def http(method: str, url: str, body: Any = None, timeout: float = 10) -> tuple[int, str]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def wait_load(limit: float, budget_s: float = 600) -> float:
+    """Wait (up to ``budget_s``) for the 1-minute load average to drop below ``limit``; return it."""
+    deadline = time.monotonic() + budget_s
+    while os.getloadavg()[0] >= limit and time.monotonic() < deadline:
+        time.sleep(5)
+    load = os.getloadavg()[0]
+    if load >= limit:
+        print(f"  (load {load:.2f} still >= {limit} after {budget_s:.0f}s: measuring anyway)")
+    return load
+
+
+def histograms(metrics_text: str, connector: str) -> dict[str, dict[str, float]]:
+    """Sum and count of the cycle histograms on /metrics, by step (``cycle`` for the whole cycle)."""
+    out: dict[str, dict[str, float]] = {}
+    for line in metrics_text.splitlines():
+        if not line.startswith(("eosink_cycle_step_seconds_", "eosink_cycle_duration_seconds_")):
+            continue
+        if f'connector="{connector}"' not in line:
+            continue
+        name, value = line.rsplit(" ", 1)
+        kind = "sum" if "_sum{" in name else "count" if "_count{" in name else None
+        if kind is None:
+            continue
+        step = name.split('step="', 1)[1].split('"', 1)[0] if 'step="' in name else "cycle"
+        out.setdefault(step, {})[kind] = float(value)
+    return out
+
+
+def log_events(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and "timestamp" in doc:
+            doc["t"] = datetime.fromisoformat(doc["timestamp"].replace("Z", "+00:00")).timestamp()
+            out.append(doc)
+    return out
+
+
+def timeline(events: list[dict[str, Any]], connector: str, posted_at: float) -> dict[str, Any]:
+    """Seconds after the POST at which the worker logged each milestone, and each cycle's commit."""
+    marks: dict[str, Any] = {}
+    for e in events:
+        ev, rel = e.get("event"), round(e["t"] - posted_at, 3)
+        if ev == "rest_request" and e.get("method") == "POST" and e.get("path") == "/connectors":
+            marks["post_ms"] = e.get("ms")
+        elif ev in ("connector_started", "partitions_acquired") and e.get("connector") == connector:
+            marks.setdefault(ev, rel)
+        elif ev == "assignment_published" and connector in (e.get("partitions") or {}):
+            marks.setdefault("assignment_published", rel)
+        elif ev == "cycle_committed" and e.get("connector") == connector:
+            marks.setdefault("commits", []).append((rel, e.get("records")))
+    return marks
+
+
+def run_e2e(args: argparse.Namespace, ep: Any, topic: str, tag: str, logdir: Path) -> dict[str, Any]:
+    n = args.records
+    cluster, name, table = f"bench-e2e-{tag}", f"bench-e2e-{tag}", f"bench_e2e_{tag}"
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log_path = logdir / f"worker-{tag}.log"
+    env = {**os.environ, "EOSINK_LOG_FORMAT": "json", "EOSINK_LOG_LEVEL": args.log_level}
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "eosink.worker.clients.cli", "worker", "--bootstrap-servers", ep.kafka_bootstrap,
+             "--zookeeper", ep.zookeeper_hosts, "--cluster", cluster, "--worker-id", "w1", "--rest-port", str(port),
+             "--rest-host", "127.0.0.1"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    spy: subprocess.Popen[bytes] | None = None
+    config: dict[str, Any] = {
+        "connector.class": "postgres", "topics": topic, "connection.url": ep.postgres_dsn, "insert.mode": "insert",
+        "auto.create": "true", "table.name.format": table, "tasks.max": "1",
+        "commit.interval.ms": str(args.commit_interval_ms),
+    }
+    if args.batch_max_records:
+        config["batch.max.records"] = str(args.batch_max_records)
+    if args.batch_max_bytes:
+        config["batch.max.bytes"] = str(args.batch_max_bytes)
+    for kv in args.consumer:
+        k, _, v = kv.partition("=")
+        config[f"consumer.override.{k}"] = v
+    result: dict[str, Any] = {"connector_config": {k: v for k, v in config.items() if k != "connection.url"}}
+    try:
+        deadline = time.monotonic() + 60
+        while not _ready(base):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker did not become ready (see {log_path})")
+            time.sleep(0.1)
+        if args.py_spy:
+            fmt = {".svg": "flamegraph", ".json": "speedscope"}.get(Path(args.py_spy).suffix, "raw")
+            spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "-o", args.py_spy, "-f", fmt,
+                                    "--pid", str(proc.pid), "-r", "100", "--threads", "--nonblocking"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            time.sleep(1.0)  # py-spy attached before the clock starts
+        result["load_before"] = wait_load(args.wait_load)
+        conn = psycopg.connect(ep.postgres_dsn, autocommit=True)
+        count_sql = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))
+        rss_samples: list[int] = []
+        cpu0 = cpu_of(proc.pid)
+        t0, posted_at = time.perf_counter(), time.time()
+        status, body = http("POST", f"{base}/connectors", {"name": name, "config": config})
+        if status != 201:
+            raise RuntimeError(f"POST /connectors: {status} {body}")
+        seen, first_row_s, visible = 0, None, []
+        while seen < n:
+            time.sleep(args.poll_s)
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {proc.returncode} (see {log_path})")
+            rss_samples.append(proc_status(proc.pid)["VmRSS"])
+            try:
+                seen = int(conn.execute(count_sql).fetchone()[0])  # type: ignore[index]
+            except psycopg.errors.UndefinedTable:
+                continue
+            now = time.perf_counter() - t0
+            visible.append((round(now, 3), seen))
+            if seen and first_row_s is None:
+                first_row_s = now
+            if now > args.timeout:
+                raise RuntimeError(f"only {seen:,} of {n:,} rows after {args.timeout:.0f}s (see {log_path})")
+        seconds = time.perf_counter() - t0
+        cpu = cpu_of(proc.pid) - cpu0
+        mem = proc_status(proc.pid)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
+        result.update(records=n, seconds=seconds, rate=n / seconds, cpu_s=cpu, first_row_s=first_row_s,
+                      peak_rss_mb=mem["VmHWM"] / 1024, rss_max_sampled_mb=max(rss_samples) / 1024,
+                      load_after=os.getloadavg()[0], visible=visible)
+        _, metrics_text = http("GET", f"{base}/metrics")
+        result["steps"] = histograms(metrics_text, name)
+        result["check"] = verify(conn, table, name, n)
+        result["timeline"] = marks = timeline(log_events(log_path), name, posted_at)
+        result["cycles"] = len(marks.get("commits", []))
+        result["cycle_records"] = [r for _, r in marks.get("commits", [])]
+        http("DELETE", f"{base}/connectors/{name}")
+        if not args.keep:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+            for t in ("eosink_offsets", "eosink_committed_txns", "eosink_txn_manifest"):
+                conn.execute(sql.SQL("DELETE FROM {} WHERE connector = %s").format(sql.Identifier(t)), (name,))
+        conn.close()
+    finally:
+        if spy is not None and spy.poll() is None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        drop_cluster(ep.zookeeper_hosts, cluster)
+    result["log"] = str(log_path)
+    return result
+
+
+def _ready(base: str) -> bool:
+    try:
+        return http("GET", f"{base}/ready", timeout=2)[0] == 200
+    except OSError:  # not listening yet
+        return False
+
+
+def verify(conn: psycopg.Connection[Any], table: str, connector: str, n: int) -> dict[str, Any]:
+    """Exactly the ids 0..n-1, each once; nothing of the connector left prepared."""
+    q = sql.SQL("SELECT count(*), count(DISTINCT id), min(id), max(id) FROM {}").format(sql.Identifier(table))
+    count, distinct, lo, hi = conn.execute(q).fetchone()  # type: ignore[misc]
+    left = conn.execute("SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE %s", (f"%{connector}%",)).fetchone()
+    prepared = left[0] if left else -1
+    ok = count == distinct == n and lo == 0 and hi == n - 1 and prepared == 0
+    return {"ok": ok, "rows": count, "distinct_ids": distinct, "min_id": lo, "max_id": hi, "left_prepared": prepared}
+
+
+def drop_cluster(zk_hosts: str, cluster: str) -> None:
+    from kazoo.client import KazooClient
+
+    from eosink.worker.paths import cluster_root
+
+    zk = KazooClient(hosts=zk_hosts)
+    try:
+        zk.start(timeout=10)
+        zk.delete(cluster_root(cluster), recursive=True)
+    except Exception:  # noqa: BLE001 - best effort: every run has a cluster of its own
+        pass
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ---------------------------------------------------------------------------------------- report
+def report(e2e: dict[str, Any], raw: dict[str, float] | None) -> None:
+    n = e2e["records"]
+    print()
+    print(f"end to end: {n:,} records, POST -> last row visible in {e2e['seconds']:.2f}s = {e2e['rate']:,.0f} records/s"
+          + (f" = {e2e['rate'] / raw['rate']:.0%} of raw COPY" if raw else "")
+          + f"; first rows visible at {e2e['first_row_s'] or 0:.2f}s")
+    print(f"  worker: peak RSS {e2e['peak_rss_mb']:.0f} MB (VmHWM), CPU {e2e['cpu_s']:.1f}s "
+          f"({e2e['cpu_s'] / n * 1e6:.1f} us/record, {e2e['cpu_s'] / e2e['seconds']:.0%} of one core)")
+    if raw:
+        print(f"raw binary COPY (pre-built rows, no Kafka): {raw['seconds']:.2f}s = {raw['rate']:,.0f} rows/s "
+              f"(client CPU {raw['cpu_s']:.1f}s)")
+    steps = e2e.get("steps", {})
+    cyc = steps.get("cycle", {})
+    if cyc.get("count"):
+        total = cyc["sum"]
+        parts = {s: v.get("sum", 0.0) for s, v in steps.items() if s != "cycle"}
+        parts["poll+decode+stage (rest)"] = total - sum(parts.values())
+        median = statistics.median(e2e["cycle_records"] or [0])
+        print(f"  {int(cyc['count'])} cycles, {total:.2f}s in cycles; median {median:,.0f} records/cycle; per step: "
+              + ", ".join(f"{s} {v:.2f}s ({v / total:.0%})" for s, v in parts.items()))
+        print(f"  outside cycles (registration, assignment, recovery, count polling): {e2e['seconds'] - total:.2f}s")
+    tl = e2e.get("timeline", {})
+    commits = tl.get("commits", [])
+    print(f"  timeline after the POST (s): POST answered in {tl.get('post_ms', 0) / 1000:.2f}, assignment "
+          f"{tl.get('assignment_published', '-')}, partitions acquired {tl.get('partitions_acquired', '-')}, "
+          f"first commit {commits[0][0] if commits else '-'}, last commit {commits[-1][0] if commits else '-'}")
+    c = e2e["check"]
+    print(f"  check: {'ok' if c['ok'] else 'FAILED'}: {c['rows']:,} rows, {c['distinct_ids']:,} distinct ids "
+          f"[{c['min_id']}..{c['max_id']}], {c['left_prepared']} left prepared")
+    print(f"  target >= {TARGET_RATE:,} records/s: {'met' if e2e['rate'] >= TARGET_RATE else 'MISSED'}; "
+          f"load {e2e['load_before']:.1f} -> {e2e['load_after']:.1f} on {os.cpu_count()} CPUs; worker log {e2e['log']}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--partitions", type=int, default=6)
+    ap.add_argument("--topic", default=None, help="outbox topic (default bench-e2e-<N>-p<P>; reused when full)")
+    ap.add_argument("--commit-interval-ms", type=int, default=1000)
+    ap.add_argument("--batch-max-records", type=int, default=0, help="0: the connector default")
+    ap.add_argument("--batch-max-bytes", type=int, default=0, help="0: the connector default")
+    ap.add_argument("--consumer", action="append", default=[], metavar="KEY=VALUE",
+                    help="a librdkafka consumer property, as consumer.override.KEY (repeatable)")
+    ap.add_argument("--skip-copy", action="store_true", help="skip the raw COPY baseline")
+    ap.add_argument("--py-spy", default=None, metavar="OUT", help="py-spy record the worker (.svg, .json, raw)")
+    ap.add_argument("--poll-s", type=float, default=0.25, help="how often SELECT count(*) looks")
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--wait-load", type=float, default=2.5, help="wait for the 1-minute load to drop below this")
+    ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--label", default="", help="a name for this configuration in the results")
+    ap.add_argument("--keep", action="store_true", help="keep the table and the bookkeeping rows")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    ep = load_endpoints()
+    tag = uuid.uuid4().hex[:6]
+    topic = args.topic or f"bench-e2e-{args.records}-p{args.partitions}"
+    in_child(prefill, ep.kafka_bootstrap, topic, args.records, args.partitions)
+    logdir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
+    e2e = run_e2e(args, ep, topic, tag, logdir)
+    raw = None
+    if not args.skip_copy:
+        wait_load(args.wait_load)
+        raw = in_child(raw_copy, ep.postgres_dsn, f"bench_e2e_raw_{tag}", args.records, args.partitions,
+                       args.batch_max_records or 200_000, topic)
+    report(e2e, raw)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    runs = json.loads(args.out.read_text()) if args.out.exists() else []
+    runs.append({"label": args.label, "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "topic": topic,
+                 "partitions": args.partitions, "e2e": e2e, "raw_copy": raw,
+                 "ratio_to_raw_copy": e2e["rate"] / raw["rate"] if raw else None})
+    args.out.write_text(json.dumps(runs, indent=1))
+    return 0 if e2e["check"]["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
