@@ -49,6 +49,13 @@ def plugins() -> list[Plugin]:
 def find(name: str) -> Plugin | None:
     """By alias (``postgres``), dotted class path, or simple class name (``PostgresSink``, ``Postgres``)."""
     low = name.lower()
+    if low == FANOUT:
+        return Plugin(FANOUT, FANOUT, None)
+    if low in ALIASES:  # the usual registration: load that one class, not every connector's dependencies
+        try:
+            return Plugin(low, ALIASES[low], load_class(low))
+        except ConfigError:
+            return None
     for p in plugins():
         simple = p.class_name.rsplit(".", 1)[-1].lower()
         if low in (p.alias.lower(), p.class_name.lower(), simple, simple.removesuffix("sink")):
