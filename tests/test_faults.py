@@ -23,7 +23,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from tests.faultkit import PrivateStack, Publisher, Rig, coordinator_partition
-from tests.procs import TcpProxy, wait_until
+from tests.procs import TcpProxy, publish, wait_until
 
 pytestmark = pytest.mark.faults
 
@@ -90,21 +90,22 @@ def _traces(rig: Rig, since: float) -> list[str]:
 
 
 def _drive(rig: Rig, publisher: Publisher, fault: Callable[[], float], what: str, words: tuple[str, ...],
-           after: float = 8.0) -> dict[str, Any]:
+           after: float = 8.0, extra: tuple[set[str], set[str]] = (set(), set())) -> dict[str, Any]:
     """Publish and deliver, run ``fault`` (returns when the fault ended), then count the sinks."""
     rig.sample_forever()
     publisher.start()
     wait_until(lambda: rig.rows() >= 1500, 180, "the first 1500 rows before the fault", interval=0.5)
     started = time.monotonic()
     ended = fault()
-    target = len(publisher.committed)
+    target = len(publisher.committed) + len(extra[0])
     time.sleep(after)  # publishing goes on after the fault
     publisher.stop()
-    rig.wait_delivered(publisher.committed)
-    rig.assert_exactly_once(publisher.committed, publisher.aborted)
+    committed, aborted = publisher.committed | extra[0], publisher.aborted | extra[1]
+    rig.wait_delivered(committed)
+    rig.assert_exactly_once(committed, aborted)
     alive = {wid: w.proc.poll() for wid, w in rig.workers.items()}
     figures = {
-        "fault": what, "records": len(publisher.committed), "aborted": len(publisher.aborted),
+        "fault": what, "records": len(committed), "aborted": len(aborted),
         "fault_s": round(ended - started, 1), "longest_stall_s": round(rig.stall(started, ended + 60), 1),
         "catch_up_after_fault_s": round(rig.catch_up(ended, target), 1),
         "publisher_errors": sorted({e.split(":", 2)[0] + ":" + e.split(":", 2)[1] for e in publisher.errors})[:5],
@@ -272,25 +273,37 @@ def test_latency_on_every_link_slows_delivery_but_breaks_nothing(private, rigs, 
         for wid in ("w1", "w2", "w3"):
             rig.start(wid, postgres_dsn=slow_dsn)
         rig.wait_running({"w1", "w2", "w3"})
-        publisher = Publisher(bootstrap, rig.topic, pause=0.0)
+        publisher = Publisher(bootstrap, rig.topic, pause=0.3)
         rates: dict[str, float] = {}
+        backlogs = 0
 
-        def rate(seconds: float) -> float:
+        def drain_rate() -> float:
+            """Delivery rate of a 10k backlog published at once (on top of the steady producer)."""
+            nonlocal backlogs
+            backlogs += 1
+            committed, aborted = publish(bootstrap, rig.topic, rig.partitions, txns=10, per_txn=1000, aborted_every=5,
+                                         prefix=f"backlog{backlogs}")
+            extra_committed.update(committed)
+            extra_aborted.update(aborted)
             t0, r0 = time.monotonic(), rig.rows()
-            time.sleep(seconds)
+            target = len(publisher.committed) + len(extra_committed)
+            wait_until(lambda: rig.rows() >= target, 300, f"the backlog delivered ({target} rows)", interval=0.2)
             return (rig.rows() - r0) / (time.monotonic() - t0)
 
         def fault() -> float:
-            rates["records_per_s_direct"] = round(rate(20), 1)
+            rates["records_per_s_direct"] = round(drain_rate(), 1)
             for p in proxies:
                 p.latency(0.025)  # 25 ms each way on every link: 50 ms round trips
-            rates["records_per_s_latency_25ms"] = round(rate(20), 1)
+            rates["records_per_s_latency_25ms"] = round(drain_rate(), 1)
             _watch(rig, 2)
             for p in proxies:
                 p.latency(0.0)
             return time.monotonic()
 
-        figures = _drive(rig, publisher, fault, "25 ms latency on kafka+zookeeper+postgres links", ("timeout", "Timed"))
+        extra_committed: set[str] = set()
+        extra_aborted: set[str] = set()
+        figures = _drive(rig, publisher, fault, "25 ms latency on kafka+zookeeper+postgres links", ("timeout", "Timed"),
+                         extra=(extra_committed, extra_aborted))
         print("LATENCY-RATES " + json.dumps(rates))
         assert all(code is None for code in figures["worker_exit"].values())
         assert rates["records_per_s_latency_25ms"] > 0, "nothing was delivered over the slow links"
