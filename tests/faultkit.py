@@ -402,12 +402,12 @@ def process_usage(pid: int) -> tuple[float, int]:
 
 
 def run_soak(rig: Rig, *, seconds: float, kill_every: float, rng: random.Random, sample_every: float = 10.0,
-             report: Any = print) -> list[dict[str, Any]]:
+             pause: float = 0.2, report: Any = print) -> list[dict[str, Any]]:
     """Three workers and a producer for ``seconds``; kill -9 a random worker about every ``kill_every``
     seconds (a new one takes its slot); sample every worker's RSS and fds; then count exactly-once."""
     slots = {slot: rig.start(f"{slot}-0") for slot in ("w1", "w2", "w3")}
     rig.wait_running({w.worker_id for w in slots.values()})
-    publisher = Publisher(rig.kafka, rig.topic, pause=0.2)
+    publisher = Publisher(rig.kafka, rig.topic, pause=pause)
     rig.sample_forever()
     publisher.start()
     started = time.monotonic()
