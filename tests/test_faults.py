@@ -125,12 +125,27 @@ def _node_name(node_id: int) -> str:
     return "kafka" if node_id == 1 else f"kafka-{node_id}"
 
 
+def _assert_replicated(bootstrap: str, topic: str) -> None:
+    """What --kafka-brokers 3 promises: three brokers, RF 3 everywhere, two in sync for a write."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    md = admin.list_topics(timeout=10)
+    assert sorted(md.brokers) == [1, 2, 3]
+    for name in (topic, "__transaction_state"):
+        assert {len(p.replicas) for p in md.topics[name].partitions.values()} == {3}, f"{name} is not replicated 3 times"
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    config = admin.describe_configs([resource])[resource].result(30)
+    assert config["min.insync.replicas"].value == "2"
+
+
 def test_leader_broker_then_transaction_coordinator_killed_on_three_brokers_delivers_exactly_once(
         private, rigs, stack, unique, tmp_path):
     kafka = private(brokers=3)
     bootstrap = kafka.endpoints().kafka_bootstrap
     rig = _rig(rigs, kafka=bootstrap, zookeeper=stack.zookeeper_hosts, postgres_dsn=stack.postgres_dsn, tmp=tmp_path,
                name=unique, replication=3)
+    _assert_replicated(bootstrap, rig.topic)
     rig.start_three()
     rig.wait_running({"w1", "w2", "w3"})
     publisher = Publisher(bootstrap, rig.topic)
