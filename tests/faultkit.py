@@ -272,12 +272,16 @@ class Rig:
 
     def rows(self) -> int:
         try:
-            if not self.pg.execute("SELECT to_regclass(%s)", (self.table,)).fetchone()[0]:
-                return 0
-            return int(self.pg.execute(f'SELECT count(*) FROM "{self.table}"').fetchone()[0])
+            return int(self.scalar(f'SELECT count(*) FROM "{self.table}"')) if self.scalar(
+                "SELECT to_regclass(%s) IS NOT NULL", (self.table,)) else 0
         except Exception:  # noqa: BLE001 - the database is the thing under fault: no sample now
             self.pg = self._reconnect()
             return -1
+
+    def scalar(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
+        row = self.pg.execute(sql, params).fetchone()
+        assert row is not None, f"no row from {sql}"
+        return row[0]
 
     def _reconnect(self) -> Any:
         import psycopg

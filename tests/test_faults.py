@@ -208,7 +208,7 @@ def test_postgres_immediate_stop_and_start_mid_delivery_resolves_prepared_transa
         # Stop while a transaction is prepared, if one shows within 20 s (prepare to commit is short).
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            count = rig.pg.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone()[0]
+            count = int(rig.scalar("SELECT count(*) FROM pg_prepared_xacts"))
             if count:
                 break
         prepared_at_stop.append(count)
