@@ -406,9 +406,12 @@ def process_usage(pid: int) -> tuple[float, int]:
 
 
 def run_soak(rig: Rig, *, seconds: float, kill_every: float, rng: random.Random, sample_every: float = 10.0,
-             pause: float = 0.2, report: Any = print) -> list[dict[str, Any]]:
+             pause: float = 0.2, spare: str | None = None, report: Any = print) -> list[dict[str, Any]]:
     """Three workers and a producer for ``seconds``; kill -9 a random worker about every ``kill_every``
-    seconds (a new one takes its slot); sample every worker's RSS and fds; then count exactly-once."""
+    seconds (a new one takes its slot); sample every worker's RSS and fds; then count exactly-once.
+
+    ``spare`` (a slot: ``w3``) is never killed: one process lives through every rebalance the
+    others cause, so its RSS and fd curve shows a leak that short-lived processes cannot."""
     slots = {slot: rig.start(f"{slot}-0") for slot in ("w1", "w2", "w3")}
     rig.wait_running({w.worker_id for w in slots.values()})
     publisher = Publisher(rig.kafka, rig.topic, pause=pause)
@@ -433,7 +436,7 @@ def run_soak(rig: Rig, *, seconds: float, kill_every: float, rng: random.Random,
             report("SOAK " + json.dumps(point))
             next_sample += sample_every
         if now >= next_kill:
-            slot = rng.choice(sorted(slots))
+            slot = rng.choice(sorted(set(slots) - {spare}))
             victim = slots[slot]
             victim.signal(signal.SIGKILL)
             victim.wait(10)

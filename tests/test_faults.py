@@ -333,5 +333,7 @@ def test_soak_kill_random_worker_every_30s_for_2_minutes_delivers_exactly_once(r
 
     rig = _rig(rigs, kafka=stack.kafka_bootstrap, zookeeper=stack.zookeeper_hosts, postgres_dsn=stack.postgres_dsn,
                tmp=tmp_path, name=unique, files=False)
-    curve = run_soak(rig, seconds=120, kill_every=30, rng=random.Random(7), sample_every=10)
-    assert curve, "no resource samples"
+    curve = run_soak(rig, seconds=120, kill_every=30, rng=random.Random(7), sample_every=10, spare="w3")
+    spared = [point["w3"] for point in curve if point["w3"]["rss_mib"] is not None]
+    assert len({s["id"] for s in spared}) == 1 and len(spared) >= 10, "the spared worker was not sampled throughout"
+    assert spared[-1]["fds"] <= spared[0]["fds"] + 10, f"the spared worker's open fds grew: {spared}"
