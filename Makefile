@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 EOSINK := $(VENV)/bin/eosink
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 
-.PHONY: venv stack demo test observe down clean bench images container-demo $(BENCHES)
+.PHONY: venv stack demo test observe down clean bench soak images container-demo $(BENCHES)
 
 $(STAMP):
 	@test -x $(PY) || $(PY_SYS) -m venv $(VENV)
@@ -48,6 +48,11 @@ bench: $(BENCHES)
 # bench-X runs bench/bench_X.py, bench/bench_X_sink.py or bench/bench_X_publisher.py, whichever exists.
 $(BENCHES): bench-%: stack
 	$(PY) $(firstword $(wildcard bench/bench_$*.py bench/bench_$*_sink.py bench/bench_$*_publisher.py)) $(BENCH_ARGS)
+
+# 20 minutes: a producer, three workers, a random worker kill -9'd every ~30 s; prints each
+# worker's RSS and open fds as it goes, then counts the sink (SOAK_ARGS="--minutes 5" to shorten).
+soak: stack
+	$(PY) bench/soak.py $(SOAK_ARGS)
 
 down:
 	-test -x $(EOSINK) && $(EOSINK) stack down

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -165,3 +168,111 @@ class PrivateMinio:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
         self.proc = None
+
+
+class TcpProxy:
+    """A TCP proxy between clients and one server that the test can cut, heal and slow down.
+
+    ``sever()`` is a blackhole, not a reset: established connections stop forwarding silently
+    (the client sees a hang, as with a pulled cable or a dropped route) and new ones are closed
+    on accept. ``heal()`` drops the severed connections so clients reconnect through it.
+    ``latency(seconds)`` delays every chunk in both directions by that much (a slow link).
+    """
+
+    def __init__(self, target: tuple[str, int], port: int = 0) -> None:
+        self.target = target
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        self.cut = threading.Event()
+        self.delay = 0.0
+        self.accepted = 0
+        self.conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            if self.cut.is_set():
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()  # the server is down: the client sees a refused connection
+                continue
+            for s in (client, upstream):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                self.accepted += 1
+                self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, a: socket.socket, b: socket.socket) -> None:
+        # Latency without throttling: a reader stamps each chunk, a writer sends it when it is due,
+        # so a slow link still carries many chunks in flight.
+        chunks: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
+
+        def writer() -> None:
+            while True:
+                item = chunks.get()
+                if item is None:
+                    break
+                due, data = item
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                if self.cut.is_set():
+                    continue
+                try:
+                    b.sendall(data)
+                except OSError:
+                    break
+            try:
+                b.shutdown(2)
+            except OSError:
+                pass
+
+        threading.Thread(target=writer, daemon=True).start()
+        try:
+            while not self.cut.is_set():
+                data = a.recv(65536)
+                if not data or self.cut.is_set():
+                    break
+                chunks.put((time.monotonic() + self.delay, data))
+        except OSError:
+            pass
+        finally:
+            if not self.cut.is_set():
+                chunks.put(None)
+
+    def latency(self, seconds: float) -> None:
+        """Delay every chunk by ``seconds`` in each direction from now on (0 to stop)."""
+        self.delay = seconds
+
+    def sever(self) -> None:
+        """Blackhole: established connections stop forwarding silently, new ones are refused."""
+        self.cut.set()
+
+    def heal(self) -> None:
+        with self._lock:
+            conns, self.conns = self.conns, []
+        for c in conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+        self.cut.clear()
+
+    def close(self) -> None:
+        self.sock.close()
+        self.heal()

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import threading
 import time
 import urllib.request
 
 import pytest
 
-from tests.procs import WorkerProcess, free_port, publish, register, wait_until
+from tests.procs import TcpProxy, WorkerProcess, free_port, publish, register, wait_until
 
 pytestmark = pytest.mark.chaos
 
@@ -166,65 +165,9 @@ def test_zookeeper_restart_mid_stream(cluster):
     assert all(w.proc.poll() is None for w in cluster.workers.values()), "a worker died with ZooKeeper"
 
 
-class ZkProxy:
-    """A TCP proxy between one worker and ZooKeeper that the test can cut (and heal)."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.cut = threading.Event()
-        self.conns: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            if self.cut.is_set():
-                client.close()
-                continue
-            upstream = socket.create_connection(self.target)
-            self.conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    def _pipe(self, a: socket.socket, b: socket.socket) -> None:
-        try:
-            while not self.cut.is_set():
-                data = a.recv(65536)
-                if not data or self.cut.is_set():
-                    break
-                b.sendall(data)
-        except OSError:
-            pass
-
-    def sever(self) -> None:
-        """Blackhole: established connections stop forwarding silently, new ones are refused."""
-        self.cut.set()
-
-    def heal(self) -> None:
-        for c in self.conns:
-            try:
-                c.close()
-            except OSError:
-                pass
-        self.conns.clear()
-        self.cut.clear()
-
-    def close(self) -> None:
-        self.sock.close()
-        self.heal()
-
-
 def test_worker_cut_off_from_zookeeper_only_stops_committing(cluster, stack):
     host, port = stack.zookeeper_hosts.split(",")[0].rsplit(":", 1)
-    proxy = ZkProxy((host, int(port)))
+    proxy = TcpProxy((host, int(port)))
     mport = free_port()
     try:
         cut_off = WorkerProcess(cluster.stack, cluster.unique, "w-cut", cluster.tmp, session_timeout=SESSION, metrics_port=mport,

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     names = _names(args.only)
     try:
         if args.command == "up":
-            statuses = manager.up(names, report=_progress)
+            statuses = manager.up(names, report=_progress, brokers=args.kafka_brokers)
         elif args.command == "down":
             manager.down(names, report=_progress)
             statuses = manager.status(names)
@@ -51,10 +51,14 @@ def _parser() -> argparse.ArgumentParser:
         prog="eosink stack",
         description="The local stack (ZooKeeper, Kafka, PostgreSQL, S3) on 127.0.0.1, under $EOSINK_HOME/stack "
                     "(default ./.eosink/stack). Ports: EOSINK_ZOOKEEPER_PORT, EOSINK_KAFKA_PORT, "
-                    "EOSINK_KAFKA_CONTROLLER_PORT, EOSINK_POSTGRES_PORT, EOSINK_S3_PORT.",
+                    "EOSINK_KAFKA_CONTROLLER_PORT, EOSINK_POSTGRES_PORT, EOSINK_S3_PORT. With --kafka-brokers N, "
+                    "Kafka node i uses EOSINK_KAFKA_PORT+2(i-1) and EOSINK_KAFKA_CONTROLLER_PORT+2(i-1).",
     )
     parser.add_argument("command", choices=("up", "down", "status"))
     parser.add_argument("--json", action="store_true", help="print the status as JSON")
+    parser.add_argument("--kafka-brokers", type=int, metavar="N",
+                        help="up: run N Kafka nodes (KRaft combined mode, replication factor 3, min.insync.replicas 2 "
+                             "when N>=3); default EOSINK_KAFKA_BROKERS, else what this home ran last, else 1")
     parser.add_argument("--only", action="append", metavar="COMPONENT",
                         help=f"act on these components only (repeat or comma-separate; {', '.join(COMPONENTS)})")
     return parser

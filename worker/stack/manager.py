@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from eosink.worker.stack import proc
-from eosink.worker.stack.components import COMPONENTS, Component
+from eosink.worker.stack.components import COMPONENTS, Component, kafka, kafka_config
 from eosink.worker.stack.endpoints import remove_endpoints, write_endpoints
 from eosink.worker.stack.errors import ComponentError, StackError
 from eosink.worker.stack.layout import HOST, StackLayout
@@ -47,31 +47,48 @@ class ComponentStatus:
                 "endpoint": self.endpoint, "log": str(self.log)}
 
 
-def select(names: Iterable[str] | None, layout: StackLayout) -> list[Component]:
-    """Component objects for ``names`` (all when None), in the stack's canonical order."""
-    wanted = list(COMPONENTS) if names is None else list(names)
-    unknown = [n for n in wanted if n not in COMPONENTS]
+def select(names: Iterable[str] | None, layout: StackLayout, brokers: int | None = None) -> list[Component]:
+    """Component objects for ``names`` (all when None), in the stack's canonical order.
+
+    ``kafka`` stands for every Kafka node (one unless the stack runs several, see
+    :mod:`kafka_config`); ``kafka-<n>`` for node n alone (``kafka-1`` is node 1, listed as ``kafka``).
+    """
+    nodes = kafka.nodes(layout, brokers)
+    aliases = {f"kafka-{n}": node.name for n, node in enumerate(nodes, 1)}
+    wanted = list(COMPONENTS) if names is None else [aliases.get(n, n) for n in names]
+    unknown = [n for n in wanted if n not in COMPONENTS and n not in aliases.values()]
     if unknown:
-        raise StackError(f"unknown component(s) {', '.join(unknown)}; choose from {', '.join(COMPONENTS)}")
-    return [cls(layout) for name, cls in COMPONENTS.items() if name in wanted]
+        choices = [*COMPONENTS, *list(aliases)[1:]]
+        raise StackError(f"unknown component(s) {', '.join(unknown)}; choose from {', '.join(choices)}")
+    chosen: list[Component] = []
+    for name, cls in COMPONENTS.items():
+        if name == kafka.Kafka.name:
+            chosen += [node for node in nodes if name in wanted or node.name in wanted]
+        elif name in wanted:
+            chosen.append(cls(layout))
+    return chosen
 
 
-def up(names: Iterable[str] | None = None, home: Path | None = None, report: Report = _quiet) -> list[ComponentStatus]:
+def up(names: Iterable[str] | None = None, home: Path | None = None, report: Report = _quiet,
+       brokers: int | None = None) -> list[ComponentStatus]:
     """Start every selected component that is not already running and healthy; write endpoints.json.
 
     Components start concurrently (they do not depend on each other: Kafka runs KRaft, not
     ZooKeeper). All failures are collected and raised together, so one run shows every problem.
     endpoints.json always lists all four addresses (they follow from the config alone), also
-    after ``up --only``; ``status`` tells which servers actually run.
+    after ``up --only``; ``status`` tells which servers actually run. ``brokers`` is the Kafka
+    node count (default: ``EOSINK_KAFKA_BROKERS``, else what this home ran last, else 1).
     """
     layout = StackLayout.for_home(home)
     layout.ensure()
-    components = select(names, layout)
+    components = select(names, layout, brokers)
     with proc.file_lock(layout.lock_file):
+        if any(isinstance(c, kafka.Kafka) for c in components):
+            kafka_config.record_count(layout, kafka_config.broker_count(layout, brokers))
         errors = _each(components, lambda c: _ensure_running(c, report))
         if errors:
             raise StackError("\n\n".join(str(e) for e in errors))
-        write_endpoints(layout, {c.name: c.endpoint() for c in select(None, layout)})
+        write_endpoints(layout, {c.name: c.endpoint() for c in select(None, layout) if c.name in COMPONENTS})
     return status(names, home)
 
 

@@ -1,4 +1,10 @@
-"""Kafka 4.x in KRaft combined mode (broker + controller, node 1), from ``jvm/kafka/pom.xml``."""
+"""Kafka 4.x in KRaft combined mode (broker + controller per node), from ``jvm/kafka/pom.xml``.
+
+One node by default; ``--kafka-brokers N`` / ``EOSINK_KAFKA_BROKERS=N`` runs N nodes, each its own
+component (``kafka``, ``kafka-2``, ``kafka-3``: own data dir, log and pid file, so a test can kill
+and restart one broker with the stack's own code). Why combined mode, the ports and the
+replication settings: see :mod:`kafka_config`.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +12,16 @@ import base64
 import subprocess
 import time
 import uuid
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from eosink.worker.stack import jvm, proc
+from eosink.worker.stack.components import kafka_config
 from eosink.worker.stack.components.base import Component
-from eosink.worker.stack.layout import HOST, port
+from eosink.worker.stack.components.kafka_config import CONTROLLER_PORT_ENV, PORT_ENV
+from eosink.worker.stack.layout import HOST, StackLayout
 
-PORT_ENV = "EOSINK_KAFKA_PORT"
-CONTROLLER_PORT_ENV = "EOSINK_KAFKA_CONTROLLER_PORT"
 FORMAT_TIMEOUT_S = 120
 PROBE_TRANSACTIONAL_ID = "eosink-stack-probe"
 TRANSACTIONS_TIMEOUT_S = 60.0
@@ -44,9 +51,21 @@ logger.request.level = WARN
 
 
 class Kafka(Component):
+    """Node 1 of the cluster (the only node by default); :func:`node_class` makes the others."""
+
     name = "kafka"
+    node_id: ClassVar[int] = 1
     ready_timeout_s = 90.0
     stop_timeout_s = 30.0
+
+    def __init__(self, layout: StackLayout, nodes: int | None = None) -> None:
+        super().__init__(layout)
+        self.nodes = kafka_config.broker_count(layout, nodes)
+
+    @property
+    def cluster_dir(self) -> Path:
+        """Node 1's data dir holds what all nodes share (the cluster id, the node count)."""
+        return self.layout.data_dir(Kafka.name)
 
     @property
     def properties_file(self) -> Path:
@@ -61,14 +80,17 @@ class Kafka(Component):
         return self.data_dir / "data"
 
     def ports(self) -> dict[str, int]:
-        return {PORT_ENV: port(PORT_ENV), CONTROLLER_PORT_ENV: port(CONTROLLER_PORT_ENV)}
+        return {PORT_ENV: kafka_config.broker_port(self.node_id),
+                CONTROLLER_PORT_ENV: kafka_config.controller_port(self.node_id)}
 
     def endpoint(self) -> dict[str, Any]:
-        return {"bootstrap_servers": self.address()}
+        entry: dict[str, Any] = {"bootstrap_servers": kafka_config.bootstrap(self.nodes)}
+        if self.nodes > 1:
+            entry["brokers"] = self.nodes
+        return entry
 
     def address(self) -> str:
-        return f"{HOST}:{port(PORT_ENV)}"
-
+        return f"{HOST}:{kafka_config.broker_port(self.node_id)}"
 
     def launch(self) -> int:
         classpath = jvm.classpath("kafka", self.name)
@@ -85,7 +107,8 @@ class Kafka(Component):
 
     def _cluster_id(self) -> str:
         """Made once and kept, so the log dir (formatted with it) stays valid across restarts."""
-        path = self.data_dir / "cluster-id"
+        path = self.cluster_dir / "cluster-id"
+        path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
             path.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode() + "\n")
         return path.read_text().strip()
@@ -105,31 +128,7 @@ class Kafka(Component):
             raise self.fail(f"formatting the log dir {self.log_dir} failed (exit {done.returncode})")
 
     def _properties(self) -> str:
-        broker, controller = port(PORT_ENV), port(CONTROLLER_PORT_ENV)
-        settings = {
-            "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@{HOST}:{controller}",
-            "listeners": f"PLAINTEXT://{HOST}:{broker},CONTROLLER://{HOST}:{controller}",
-            "advertised.listeners": f"PLAINTEXT://{HOST}:{broker}",
-            "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "log.dirs": str(self.log_dir),
-            "num.partitions": "1",
-            "auto.create.topics.enable": "false",
-            # One broker: every internal topic has one replica, and few partitions start fast.
-            "offsets.topic.replication.factor": "1",
-            "offsets.topic.num.partitions": "3",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "transaction.state.log.num.partitions": "3",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
-            "group.initial.rebalance.delay.ms": "0",
-            "transaction.max.timeout.ms": "900000",
-        }
-        return "".join(f"{key}={value}\n" for key, value in settings.items())
+        return kafka_config.properties(self.node_id, self.nodes, self.log_dir)
 
     def probe(self) -> None:
         from confluent_kafka.admin import AdminClient
@@ -137,8 +136,8 @@ class Kafka(Component):
         # log_level 0: librdkafka would print every refused connection while the broker boots.
         admin = AdminClient({"bootstrap.servers": self.address(), "log_level": 0})
         metadata = admin.list_topics(timeout=2)
-        if not metadata.brokers:
-            raise RuntimeError("metadata lists no brokers yet")
+        if self.node_id not in metadata.brokers:
+            raise RuntimeError(f"metadata does not list broker {self.node_id} yet")
 
     def verify(self) -> None:
         """A broker can answer metadata yet be unable to do transactions (no __transaction_state
@@ -146,7 +145,11 @@ class Kafka(Component):
         from confluent_kafka import KafkaException, Producer
 
         deadline = time.monotonic() + TRANSACTIONS_TIMEOUT_S
-        producer = Producer({"bootstrap.servers": self.address(), "transactional.id": PROBE_TRANSACTIONAL_ID,
+        if self.nodes > 1:
+            self._await_majority(deadline)
+        # One probe id per node: nodes verifying at once must not fence each other's probe.
+        txn_id = PROBE_TRANSACTIONAL_ID if self.node_id == 1 else f"{PROBE_TRANSACTIONAL_ID}-{self.node_id}"
+        producer = Producer({"bootstrap.servers": kafka_config.bootstrap(self.nodes), "transactional.id": txn_id,
                              "log_level": 0})
         while True:
             remaining = deadline - time.monotonic()
@@ -158,3 +161,42 @@ class Kafka(Component):
                 if not error.retriable() or time.monotonic() >= deadline:
                     raise self.fail(f"the broker answers metadata but init_transactions() failed: {error}") from None
             time.sleep(0.5)
+
+    def _await_majority(self, deadline: float) -> None:
+        """Transactions need ``min.insync.replicas`` (2) live nodes: nodes that start together wait
+        for each other here; a node restarted into a running cluster finds them at once."""
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.address(), "log_level": 0})
+        needed = 2
+        seen = 0
+        while time.monotonic() < deadline:
+            try:
+                seen = len(admin.list_topics(timeout=5).brokers)
+            except Exception:  # noqa: BLE001 - not answering yet: ask again
+                seen = 0
+            if seen >= needed:
+                return
+            time.sleep(0.5)
+        raise self.fail(f"node {self.node_id} runs but only {seen} of {self.nodes} brokers are registered after "
+                        f"{TRANSACTIONS_TIMEOUT_S:.0f}s; transactions need {needed} (see the other kafka-* logs)")
+
+
+@cache
+def node_class(node: int) -> type[Kafka]:
+    """The component class for node ``node``: ``Kafka`` itself for 1, ``kafka-<n>`` otherwise."""
+    if node == 1:
+        return Kafka
+    return type(f"KafkaNode{node}", (Kafka,), {"name": f"kafka-{node}", "node_id": node,
+                                               "__doc__": f"Node {node} of a multi-broker Kafka."})
+
+
+def nodes(layout: StackLayout, count: int | None = None) -> list[Kafka]:
+    """Every node of the stack's Kafka, node 1 first."""
+    total = kafka_config.broker_count(layout, count)
+    return [node_class(n)(layout, total) for n in range(1, total + 1)]
+
+
+def node_names(layout: StackLayout, count: int | None = None) -> list[str]:
+    total = kafka_config.broker_count(layout, count)
+    return [node_class(n).name for n in range(1, total + 1)]
