@@ -119,3 +119,21 @@ def test_a_misspelt_transform_key_is_refused_with_the_closest_key(bad):
     key = {"tabel": "transforms.pick.fild", "feilds": "transforms.pick.feild"}[bad]
     with pytest.raises(ConfigError, match="did you mean"):
         build_chain({"transforms": "pick", "transforms.pick.type": "ExtractField$Value", key: "id"})
+
+
+def test_a_fault_being_retried_shows_in_the_task_status_naming_its_component_until_a_cycle_gets_through(request):
+    from eosink.connectors.api.errors import RetryableError
+
+    name = request.node.name
+    plan = FaultPlan()
+    plan.armed[("a", "pre_commit")] = lambda: RetryableError("cannot connect to PostgreSQL at 127.0.0.1:1",
+                                                             component="postgres")
+    task, _log, _ = _task(name, [{"id": i} for i in range(3)], plan=plan)
+    result = task.run_cycle()
+    assert result.outcome is CycleOutcome.ABORTED and task.retry_timeout.gave_up(result) is None
+    shown = task.status().retrying
+    assert shown is not None and "[postgres]" in shown and "127.0.0.1:1" in shown and "retrying for" in shown
+    assert task.status().state is TaskState.RUNNING and task.status().trace is None
+    result = task.run_cycle()
+    assert result.outcome is CycleOutcome.SUCCEEDED and task.retry_timeout.gave_up(result) is None
+    assert task.status().retrying is None

@@ -43,10 +43,16 @@ class PostgresConnections:
         url = self.config["connection.url"]
         kwargs: dict[str, Any] = {"autocommit": autocommit, "application_name": f"eosink/{self.connector}"[:63]}
         try:
-            if "connect_timeout" not in conninfo_to_dict(url):
-                kwargs["connect_timeout"] = 10
+            given = conninfo_to_dict(url)
         except psycopg.ProgrammingError as exc:
             raise ConfigError(f"not a valid PostgreSQL DSN: {exc}", key="connection.url", source=f"connector '{self.connector}'") from None
+        # A link that goes silent (a partition, a dead host) must end in an error, not a commit that
+        # hangs until the kernel gives up (~15 min): TCP keepalives and a user timeout, unless the
+        # DSN sets its own.
+        for k, v in (("connect_timeout", 10), ("keepalives", 1), ("keepalives_idle", 10), ("keepalives_interval", 5),
+                     ("keepalives_count", 3), ("tcp_user_timeout", 30_000)):
+            if k not in given:
+                kwargs[k] = v
         if self.config["connection.user"]:
             kwargs["user"] = self.config["connection.user"]
         if self.config["connection.password"]:

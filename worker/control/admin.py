@@ -119,6 +119,8 @@ class ClusterAdmin:
                              for p in d.get("partitions", [])]
         if d.get("unresolved"):
             out["unresolved"] = d["unresolved"]
+        if d.get("retrying") and state != "FAILED":  # a fault being retried: what failed, where, for how long
+            out["retrying"] = d["retrying"]
         return out
 
     def status(self, connector: str, target_state: str, restarting: Iterable[int] = ()) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from eosink.connectors.api.errors import RetryableError
 from eosink.connectors.api.records import TopicPartition
 from eosink.worker import paths
 from eosink.worker.control.assignment import assign, from_json, to_json
@@ -38,11 +39,16 @@ class TopicPartitions:
         """The partitions of ``topics``, or of every topic whose whole name matches ``regex`` (as Connect's
         ``topics.regex``; Kafka's internal ``__`` topics never match): asked anew at every assignment
         round, so a topic created later is picked up without a restart."""
+        from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
         if self._admin is None:
             self._admin = AdminClient(self._config)
-        md = self._admin.list_topics(timeout=10)
+        try:
+            md = self._admin.list_topics(timeout=10)
+        except KafkaException as exc:
+            raise RetryableError(f"cannot read topic metadata from Kafka at {self._config['bootstrap.servers']}: "
+                                 f"{exc.args[0].str() if exc.args else exc}", component="kafka") from None
         out: set[TopicPartition] = set()
         if regex:
             pattern = re.compile(regex)

@@ -30,7 +30,7 @@ def task_report(task: SinkTask, worker_id: str) -> dict[str, Any]:
         "trace": st.trace,
         "unresolved": [{"txn": u.txn_id, "partitions": sorted(map(str, u.partitions)), "reason": u.reason}
                        for u in st.unresolved],
-        "delivered": st.delivered, "lag": st.lag,
+        "delivered": st.delivered, "lag": st.lag, "retrying": st.retrying,
     }
 
 

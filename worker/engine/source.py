@@ -191,6 +191,7 @@ class KafkaSource:
         from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer
 
         self.connector = connector
+        self.bootstrap = bootstrap
         #: errors.tolerance=all: an undecodable record goes to ``Batch.failed`` and the batch goes on.
         self.tolerate = tolerate
         conf: dict[str, Any] = {
@@ -297,8 +298,8 @@ class KafkaSource:
                         continue
                     self._pending = []
                     if err.fatal():
-                        raise FatalError(f"consumer error: {err}", component="kafka-consumer")
-                    raise RetryableError(f"consumer error: {err}", component="kafka-consumer")
+                        raise FatalError(f"consumer error from Kafka at {self.bootstrap}: {err}", component="kafka-consumer")
+                    raise RetryableError(f"consumer error from Kafka at {self.bootstrap}: {err}", component="kafka-consumer")
                 raw = m.value()
                 key = m.key()
                 what = "value"

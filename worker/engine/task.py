@@ -106,7 +106,7 @@ class SinkTask:
                                  self.logger, sleep)
         self.sinks = self.fanout.sinks
         self._tolerance = Tolerance(connector, self.settings, dead_letter, self.logger)
-        self._retrying = RetryTimeout(self.settings.retry_timeout_s)
+        self.retry_timeout = RetryTimeout(self.settings.retry_timeout_s)
 
     # ------------------------------------------------------------------ lifecycle and loop
     def open(self) -> None:
@@ -135,7 +135,7 @@ class SinkTask:
             except Exception as exc:  # noqa: BLE001 - a bug or an unexpected failure: fail loudly
                 self._fail(exc)
                 result = CycleResult(CycleOutcome.FATAL, error=exc)
-            gave_up = self._retrying.gave_up(result)  # errors.retry.timeout
+            gave_up = self.retry_timeout.gave_up(result)  # errors.retry.timeout
             if gave_up is not None:
                 with self._lock:
                     self._fail(gave_up)

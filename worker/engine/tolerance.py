@@ -136,17 +136,30 @@ class RetryTimeout:
         #: Negative: retry forever.
         self.timeout_s = timeout_s
         self.failing_since: float | None = None
+        #: The last error of the cycles failing in a row, and since when (any cause, for /status).
+        self.last_error: BaseException | None = None
+        self.shown_since: float | None = None
+
+    def describe(self) -> str | None:
+        """``<error> (retrying for N s)`` while cycles keep failing, else None (for /status)."""
+        since, exc = self.shown_since, self.last_error
+        if since is None or exc is None:
+            return None
+        return f"{exc} (retrying for {time.monotonic() - since:.0f} s)"
 
     def gave_up(self, result: CycleResult) -> FatalError | None:
         """The error to fail the task with, once the timeout has run out; None while it has not."""
         if result.outcome is not CycleOutcome.ABORTED or result.redo:
             if result.outcome in (CycleOutcome.SUCCEEDED, CycleOutcome.EMPTY):
-                self.failing_since = None
+                self.failing_since = self.shown_since = self.last_error = None
             return None
         exc = result.error
-        if isinstance(exc, (FencedError, CommitStateUnknownError, CoordinatorUnavailableError)):
-            return None
         now = time.monotonic()
+        self.last_error = exc
+        if self.shown_since is None:
+            self.shown_since = now
+        if isinstance(exc, (FencedError, CommitStateUnknownError, CoordinatorUnavailableError)):
+            return None  # shown in /status, never counted towards the timeout
         if self.failing_since is None:
             self.failing_since = now
         timeout = self.timeout_s

@@ -122,6 +122,9 @@ class TaskStatus:
     delivered: dict[str, int] = field(default_factory=dict)
     lag: dict[str, int] = field(default_factory=dict)
     paused: bool = False
+    #: While cycles keep aborting on a retryable error: that error (naming its component and
+    #: address) and for how long, so /status shows a fault before errors.retry.timeout fails the task.
+    retrying: str | None = None
 
 
 class Backoff:
