@@ -62,7 +62,6 @@ def _safe_name(txn_id: str) -> str:
 
 
 class FilesystemSink(BatchingSink):
-    ALIAS = "filesystem"
     CONFIG = (
         ConfigDef()
         .define("file.path", Type.STRING, doc="Directory the connector writes under.", importance=Importance.HIGH, validator=non_empty)

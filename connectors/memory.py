@@ -44,7 +44,6 @@ def drop_store(name: str) -> None:
 
 
 class MemorySink(BatchingSink):
-    ALIAS = "memory"
     CONFIG = ConfigDef().define("memory.store", Type.STRING, "default", "Name of the shared in-process store.")
 
     def __init__(self, connector: str, config: Mapping[str, Any]) -> None:

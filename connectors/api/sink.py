@@ -39,8 +39,6 @@ class TwoPhaseCommitSink(abc.ABC):
 
     #: Declared configuration of this connector class (drives validation and docs).
     CONFIG: ClassVar[ConfigDef] = ConfigDef()
-    #: Short alias accepted in ``connector.class`` (``postgres``, ``filesystem``, ...).
-    ALIAS: ClassVar[str] = ""
 
     def __init__(self, connector: str, config: Mapping[str, Any]) -> None:
         self.connector = connector

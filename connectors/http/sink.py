@@ -87,7 +87,6 @@ def redact(url: str) -> str:
 class HttpSink(BatchingSink):
     """Exactly-once delivery to an HTTP endpoint implementing prepare/commit/abort/pending."""
 
-    ALIAS = "http"
     CONFIG = (
         ConfigDef()
         .define("http.url", Type.STRING, doc="Base URL of the endpoint, e.g. https://api.example.com/eosink; the sink "

@@ -103,7 +103,6 @@ class CycleTimings:
 class IcebergSink(BatchingSink):
     """Exactly-once delivery into Apache Iceberg tables through a SQL or REST catalog."""
 
-    ALIAS = "iceberg"
     CONFIG = (
         ConfigDef()
         .define("iceberg.catalog.type", Type.STRING, "sql", "sql (a JDBC-style catalog in a database, pyiceberg's SqlCatalog, "

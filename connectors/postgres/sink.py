@@ -105,7 +105,6 @@ class PostgresSink(PostgresConnections, BatchingSink):
     :class:`~eosink.connectors.postgres.connection.PostgresConnections`.
     """
 
-    ALIAS = "postgres"
     CONFIG = pgconf.CONFIG  # Kafka Connect JDBC sink keys: see eosink.connectors.postgres.config
 
     def __init__(self, connector: str, config: Mapping[str, Any]) -> None:

@@ -30,7 +30,6 @@ COMPONENT = "s3"
 class S3Sink(BatchingSink):
     """Exactly-once delivery into S3 objects (AWS, MinIO) by multipart uploads completed at commit."""
 
-    ALIAS = "s3"
     CONFIG = (
         ConfigDef()
         .define("s3.bucket.name", Type.STRING, doc="Bucket to write to.", importance=Importance.HIGH, validator=non_empty)

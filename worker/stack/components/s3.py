@@ -20,7 +20,7 @@ from eosink.worker.stack.layout import HOST, port
 PORT_ENV = "EOSINK_S3_PORT"
 CONSOLE_PORT_ENV = "EOSINK_S3_CONSOLE_PORT"
 MODULE = "github.com/minio/minio"
-#: Pinned: the build is reproducible and cached per version (FIELD-NOTES: MinIO via its Go module).
+#: Pinned: the build is reproducible and cached per version (MinIO publishes its server as a Go module).
 VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 #: MinIO wants a user of >= 3 and a password of >= 8 characters (the same pair as docker/compose.yaml).
 CREDENTIALS = {"aws_access_key_id": "eosink", "aws_secret_access_key": "eosink-minio-secret", "region_name": "us-east-1"}
