@@ -114,3 +114,11 @@ def test_every_registration_the_readme_shows_is_valid():
     assert len(blocks) >= 2
     for doc in blocks:
         parse_connector(doc["name"], doc["config"], resolve=False, check_clients=True)
+
+
+def test_keys_of_a_transform_alias_the_chain_does_not_list_are_refused_not_ignored():
+    err = _refused({**PG, "transforms": "mask", "transforms.mask.type": "MaskField$Value", "transforms.mask.fields": "email",
+                    "transforms.route.type": "RegexRouter"})
+    assert err.key == "transforms.route.type" and "does not list" in str(err)
+    err = _refused({**PG, "predicates.p.type": "HasHeaderKey"})
+    assert err.key == "predicates.p.type"

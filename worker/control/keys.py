@@ -125,12 +125,22 @@ class _Warnings(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def check_unknown(raw: Iterable[str], known: Iterable[str], *, source: str | None = None) -> None:
+def check_unknown(raw: Mapping[str, Any], known: Iterable[str], *, source: str | None = None) -> None:
     """Refuse the first key nothing declares, naming the closest declared key as a hint."""
     declared = set(known)
-    for key in raw:
-        if key in declared or key.startswith((OVERRIDE_PREFIX, "transforms", "predicates")) or key in CONVERTER_KEYS:
+    keys = list(raw)
+    listed = {kind: {a.strip() for a in str(raw.get(kind, "") if isinstance(raw, Mapping) else "").split(",") if a.strip()}
+              for kind in ("transforms", "predicates")}
+    for key in keys:
+        if key in declared or key.startswith(OVERRIDE_PREFIX) or key in CONVERTER_KEYS or key in listed:
             continue
+        kind, _, rest = key.partition(".")
+        if kind in listed and rest:  # transforms.<alias>.<key>: the chain checks the key; the alias must be listed
+            alias = rest.split(".", 1)[0]
+            if alias in listed[kind]:
+                continue
+            raise ConfigError(f"names {kind[:-1]} alias {alias!r}, which '{kind}' does not list "
+                              f"({', '.join(sorted(listed[kind])) or 'none'}): it would be ignored", key=key, source=source)
         for prefix, why in _NOT_HERE.items():
             if key.startswith(prefix):
                 raise ConfigError(f"is not supported: {why}", key=key, source=source)
