@@ -223,6 +223,8 @@ class Rig:
     partitions: int = PARTITIONS
     replication: int = 1
     files: bool = True
+    #: An S3 endpoint (boto3 client kwargs): a third sink, ``lake``, writes JSON Lines objects there.
+    s3: dict[str, str] | None = None
     workers: dict[str, WorkerProcess] = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)
     statuses: list[tuple[float, str, Any]] = field(default_factory=list)
@@ -243,6 +245,13 @@ class Rig:
         if self.files:
             sinks |= {"sinks.files.connector.class": "filesystem", "sinks.files.file.path": str(self.out)}
             names = "db,files"
+        if self.s3 is not None:
+            self.bucket = self.name.replace("_", "-").lower()[:60]
+            sinks |= {"sinks.lake.connector.class": "s3", "sinks.lake.s3.bucket.name": self.bucket,
+                      "sinks.lake.s3.endpoint.url": self.s3["endpoint_url"], "sinks.lake.s3.path.style.access": "true",
+                      "sinks.lake.aws.access.key.id": self.s3["aws_access_key_id"],
+                      "sinks.lake.aws.secret.access.key": self.s3["aws_secret_access_key"]}
+            names += ",lake"
         register(self.zookeeper, self.name, self.connector, {
             "connector.class": "fanout", "topics": self.topic, "sinks": names, **sinks,
             "tasks.max": "3", "commit.interval.ms": "250", "batch.max.records": "500",
@@ -337,15 +346,37 @@ class Rig:
             ids.extend(json.loads(line)["value"]["id"] for line in f.read_text().splitlines() if line)
         return ids
 
+    def s3_ids(self) -> list[str]:
+        """Every id in the ``lake`` sink's data objects (bookkeeping keys start with ``__``)."""
+        import boto3
+
+        client = boto3.client("s3", **(self.s3 or {}))
+        ids: list[str] = []
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
+            for obj in page.get("Contents", []):
+                if obj["Key"].startswith("__") or "/__" in obj["Key"]:
+                    continue
+                body = client.get_object(Bucket=self.bucket, Key=obj["Key"])["Body"].read()
+                ids.extend(json.loads(line)["id"] for line in body.splitlines() if line)
+        return ids
+
+    def s3_open_uploads(self) -> list[str]:
+        import boto3
+
+        client = boto3.client("s3", **(self.s3 or {}))
+        return [u["Key"] for u in client.list_multipart_uploads(Bucket=self.bucket).get("Uploads", [])]
+
     def wait_delivered(self, committed: set[str], timeout: float = 240) -> float:
         start = time.monotonic()
-        wait_until(lambda: self.rows() >= len(committed) and (not self.files or len(self.file_ids()) >= len(committed)),
+        wait_until(lambda: self.rows() >= len(committed) and (not self.files or len(self.file_ids()) >= len(committed))
+                   and (self.s3 is None or len(self.s3_ids()) >= len(committed)),
                    timeout, f"delivery of {len(committed)} records (have {self.rows()} rows)", interval=1.0)
         return time.monotonic() - start
 
     def assert_exactly_once(self, committed: set[str], aborted: set[str]) -> None:
         time.sleep(1.5)  # a few more commit intervals: anything extra would show now
-        sinks = [("postgres", self.pg_ids())] + ([("filesystem", self.file_ids())] if self.files else [])
+        sinks = [("postgres", self.pg_ids())] + ([("filesystem", self.file_ids())] if self.files else []) \
+            + ([("s3", self.s3_ids())] if self.s3 is not None else [])
         for sink, ids in sinks:
             assert len(ids) == len(set(ids)), f"{sink}: {len(ids) - len(set(ids))} duplicates"
             assert set(ids) == committed, \
@@ -355,6 +386,8 @@ class Rig:
         assert prepared == [], f"prepared transactions left: {prepared}"
         if self.files:
             assert not list((self.out / self.connector / "prepared").glob("*.jsonl")), "filesystem: a prepared txn left"
+        if self.s3 is not None:
+            assert self.s3_open_uploads() == [], "s3: a multipart upload (a prepared txn) left"
 
     def stall(self, since: float, until: float) -> float:
         """The longest stretch in [since, until] in which the sink gained no row (seconds)."""

@@ -269,6 +269,8 @@ class Worker:
             commit_interval_s=s["commit.interval.ms"] / 1000, max_records=s["batch.max.records"], max_bytes=s["batch.max.bytes"],
             backoff_max_s=s["errors.retry.delay.max.ms"] / 1000, retry_timeout_s=s["errors.retry.timeout"] / 1000,
             tolerate_errors=tolerate, log_errors=s["errors.log.enable"], log_error_messages=s["errors.log.include.messages"],
+            # A decided commit is retried through a sink's outage as long as errors.retry.timeout allows (forever at -1).
+            commit_retry_min_s=float("inf") if s["errors.retry.timeout"] < 0 else s["errors.retry.timeout"] / 1000,
         )
         dead_letter = None
         if tolerate:

@@ -10,6 +10,7 @@ abort path (remembered and retried when a sink cannot abort now). Keeping the lo
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -32,6 +33,10 @@ class SinkFanout:
         self.sleep = sleep
         #: Txns some sink could not abort yet: aborted again before the next cycle.
         self.abort_pending: list[str] = []
+        #: Set when the task stops: a commit being retried gives up (recovery finishes it).
+        self.stopping = threading.Event()
+        #: Called with each retryable commit error (the task shows it in its status).
+        self.on_retry: Callable[[BaseException], None] | None = None
 
     def __iter__(self) -> Iterator[TwoPhaseCommitSink]:
         return iter(self.sinks)
@@ -69,19 +74,30 @@ class SinkFanout:
                 FAULTS.hit("mid_commit")
 
     def _commit_with_retries(self, sink: TwoPhaseCommitSink, txn_id: str) -> None:
+        """A decided txn's commit is idempotent and must happen: retryable errors are retried for at
+        least ``commit_retries`` attempts and ``commit_retry_min_s`` seconds (a sink restarting,
+        an endpoint away for a while), unless the task is stopping; then the task fails and the
+        decision is left to recovery (on restart, or by the partitions' next owner)."""
         backoff = Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s)
-        for attempt in range(self.settings.commit_retries + 1):
+        started = time.monotonic()
+        attempt = 0
+        while True:
             try:
                 sink.commit(txn_id)
                 return
             except Exception as exc:  # noqa: BLE001 - classified
-                if outcome_of(exc) is Outcome.FATAL or attempt == self.settings.commit_retries:
+                spent = attempt >= self.settings.commit_retries and \
+                    time.monotonic() - started >= self.settings.commit_retry_min_s
+                if outcome_of(exc) is Outcome.FATAL or spent or self.stopping.is_set():
                     raise FatalError(
                         f"commit of decided txn {txn_id} failed on {type(sink).__name__}: {exc}; "
                         "the decision stands: recovery commits it on restart or by the next owner",
                         component=getattr(exc, "component", None) or type(sink).__name__,
                     ) from exc
-                self.logger.warning("commit_retry", txn=txn_id, attempt=attempt + 1, error=str(exc))
+                attempt += 1
+                self.logger.warning("commit_retry", txn=txn_id, attempt=attempt, error=str(exc))
+                if self.on_retry is not None:
+                    self.on_retry(exc)
                 self.sleep(backoff.next())
 
     def abort(self, txn_id: str) -> None:

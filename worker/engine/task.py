@@ -107,6 +107,7 @@ class SinkTask:
         self.sinks = self.fanout.sinks
         self._tolerance = Tolerance(connector, self.settings, dead_letter, self.logger)
         self.retry_timeout = RetryTimeout(self.settings.retry_timeout_s)
+        self.fanout.on_retry = self.retry_timeout.retrying
 
     # ------------------------------------------------------------------ lifecycle and loop
     def open(self) -> None:
@@ -121,6 +122,7 @@ class SinkTask:
     def run(self, stop: threading.Event) -> None:
         """Cycle until ``stop`` is set; the cycle in flight completes first (graceful SIGTERM)."""
         structlog.contextvars.bind_contextvars(connector=self.connector)
+        self.fanout.stopping = stop  # a commit being retried gives up when the worker stops
         wake = getattr(self.source, "interrupt", None)
         while not stop.is_set():
             if wake is not None:

@@ -140,6 +140,12 @@ class RetryTimeout:
         self.last_error: BaseException | None = None
         self.shown_since: float | None = None
 
+    def retrying(self, exc: BaseException) -> None:
+        """A retry inside a cycle (a decided commit): shown in /status like a failed cycle's error."""
+        self.last_error = exc
+        if self.shown_since is None:
+            self.shown_since = time.monotonic()
+
     def describe(self) -> str | None:
         """``<error> (retrying for N s)`` while cycles keep failing, else None (for /status)."""
         since, exc = self.shown_since, self.last_error

@@ -84,6 +84,9 @@ class TaskSettings:
     max_records: int = 200_000
     max_bytes: int = 64 * 1024 * 1024
     commit_retries: int = 8
+    #: A decided commit failing with retryable errors is retried at least this long, too (the worker
+    #: sets it from errors.retry.timeout; forever when that is -1).
+    commit_retry_min_s: float = 0.0
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 10.0
     #: How long to wait for ZooKeeper to come back before leaving an unknown decision to recovery.
