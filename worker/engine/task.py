@@ -8,7 +8,7 @@ bad records under ``errors.tolerance`` in ``tolerance.py``.
 Outcomes of a cycle follow the failure table of ``docs/architecture.md``: a failure before the
 decision aborts every sink (ABORTED, retried); a refused compare-and-set, at the decision or at a
 sink's resource, is FENCED (abort, drop those partitions); an unknown decision outcome is settled
-by reading the log once reconnected; a commit that keeps failing is FATAL, and the decision stands.
+by reading the log once reconnected; a commit is retried in place (see ``fanout.py``), and the decision stands.
 Recovery of newly acquired partitions is described there too ("Recovery") and done in ``recovery.py``.
 """
 
