@@ -130,16 +130,22 @@ def coordinator_partition(transactional_id: str, partitions: int) -> int:
 class Publisher(threading.Thread):
     """One long-lived transactional producer publishing until stopped; every ``aborted_every``-th
     transaction is aborted. Transactions the broker makes us abort (a coordinator moved) count as
-    aborted; a retriable commit error is retried, as the client's contract says."""
+    aborted; a retriable commit error is retried, as the client's contract says. A fatal error (a
+    coordinator killed mid-abort can answer INVALID_TXN_STATE) is what an application recovers from
+    with a new producer of the same transactional.id, whose ``init_transactions`` fences the old one
+    and finishes its open transaction: an abort's records count as aborted; a commit's outcome is
+    read back read_committed when the publisher stops."""
 
     def __init__(self, bootstrap: str, topic: str, *, per_txn: int = 100, aborted_every: int = 4, pause: float = 0.1,
                  transactional_id: str | None = None) -> None:
         super().__init__(daemon=True)
         self.topic, self.per_txn, self.aborted_every, self.pause = topic, per_txn, aborted_every, pause
         self.transactional_id = transactional_id or f"faults-{topic}"
-        self.producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": self.transactional_id,
-                                  "linger.ms": 5, "transaction.timeout.ms": 60000, "log_level": 2})
+        self.bootstrap = bootstrap
+        self.producer = self._new_producer()
         self.committed: set[str] = set()
+        #: Ids of a transaction whose commit failed fatally: committed or not, as Kafka says.
+        self.uncertain: set[str] = set()
         self.aborted: set[str] = set()
         self.errors: list[str] = []
         self.in_txn = threading.Event()
@@ -168,6 +174,15 @@ class Publisher(threading.Thread):
         except BaseException as e:  # noqa: BLE001 - reported by the test that reads .failure
             self.failure = e
 
+    def _new_producer(self) -> Producer:
+        return Producer({"bootstrap.servers": self.bootstrap, "transactional.id": self.transactional_id,
+                         "linger.ms": 5, "transaction.timeout.ms": 60000, "log_level": 2})
+
+    def _replace_producer(self) -> None:
+        """After a fatal error: a new producer of the same transactional.id (fences the old one)."""
+        self.producer = self._new_producer()
+        self.producer.init_transactions(60)
+
     def _produce(self, rid: str, partition: int) -> None:
         value = json.dumps({"id": rid, "payload": "x" * 100}).encode()
         while True:
@@ -195,6 +210,10 @@ class Publisher(threading.Thread):
                 if commit and error.txn_requires_abort():
                     commit = False
                     continue
+                if error.fatal():
+                    (self.uncertain if commit else self.aborted).update(ids)
+                    self._replace_producer()
+                    return
                 raise
 
     def stop(self) -> None:
@@ -203,6 +222,41 @@ class Publisher(threading.Thread):
         assert not self.is_alive(), "the publisher did not finish its last transaction in 120 s"
         if self.failure is not None:
             raise AssertionError(f"the publisher failed: {self.failure!r}; errors {self.errors[-5:]}")
+        if self.uncertain:
+            visible = _read_committed_ids(self.bootstrap, self.topic, self.uncertain)
+            self.committed |= visible
+            self.aborted |= self.uncertain - visible
+
+
+def _read_committed_ids(bootstrap: str, topic: str, wanted: set[str]) -> set[str]:
+    """Which of ``wanted`` a read_committed consumer sees in ``topic`` (read to its end)."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KTP
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"faults-check-{topic}", "isolation.level": "read_committed",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        md = c.list_topics(topic, timeout=30).topics[topic]
+        ends = {p: c.get_watermark_offsets(KTP(topic, p), timeout=30)[1] for p in md.partitions}
+        c.assign([KTP(topic, p, 0) for p in md.partitions])
+        seen: set[str] = set()
+        done: set[int] = {p for p, end in ends.items() if end == 0}
+        deadline, idle = time.monotonic() + 120, 0
+        while len(done) < len(ends) and time.monotonic() < deadline and idle < 3:  # a trailing marker may hold
+            msgs = c.consume(1000, 1.0)
+            idle = 0 if msgs else idle + 1
+            for m in msgs:
+                if m.error() is None:
+                    rid = json.loads(m.value())["id"]
+                    if rid in wanted:
+                        seen.add(rid)
+            for p, end in ends.items():
+                pos = c.position([KTP(topic, p)])[0].offset
+                if pos >= end:
+                    done.add(p)
+        return seen
+    finally:
+        c.close()
 
 
 @dataclass
