@@ -173,3 +173,29 @@ def test_s3_without_its_binary_and_without_go_says_what_to_install(scratch_env: 
 def test_load_endpoints_without_a_stack_says_how_to_start_one(tmp_path: Path) -> None:
     with pytest.raises(StackNotRunning, match="eosink stack up"):
         load_endpoints(tmp_path)
+
+
+def test_nodes_of_a_multi_broker_stack_starting_at_once_share_one_cluster_id(tmp_path: Path) -> None:
+    """The nodes start concurrently; a check-then-write of the cluster id once gave them different
+    ids, and their quorum refused each other's votes (INCONSISTENT_CLUSTER_ID)."""
+    import threading
+
+    from eosink.worker.stack.components import kafka
+    from eosink.worker.stack.layout import StackLayout
+
+    for _ in range(20):
+        layout = StackLayout.for_home(tmp_path / f"home-{_}")
+        nodes = kafka.nodes(layout, 3)
+        ids: list[str] = []
+        start = threading.Barrier(len(nodes))
+
+        def ask(node: kafka.Kafka) -> None:
+            start.wait()
+            ids.append(node._cluster_id())
+
+        threads = [threading.Thread(target=ask, args=(n,)) for n in nodes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(ids) == 3 and len(set(ids)) == 1, ids

@@ -9,7 +9,9 @@ replication settings: see :mod:`kafka_config`.
 from __future__ import annotations
 
 import base64
+import os
 import subprocess
+import threading
 import time
 import uuid
 from functools import cache
@@ -110,7 +112,17 @@ class Kafka(Component):
         path = self.cluster_dir / "cluster-id"
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
-            path.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode() + "\n")
+            # The nodes of a multi-broker stack start concurrently: the first to link its id wins and
+            # every node reads that one (a check-then-write race gave nodes different cluster ids,
+            # and their quorum refused each other's votes: INCONSISTENT_CLUSTER_ID).
+            tmp = path.with_name(f".cluster-id.{os.getpid()}.{threading.get_ident()}")
+            tmp.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode() + "\n")
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink(missing_ok=True)
         return path.read_text().strip()
 
     def _format(self, java_argv: list[str]) -> None:
