@@ -189,11 +189,11 @@ def test_nodes_of_a_multi_broker_stack_starting_at_once_share_one_cluster_id(tmp
         ids: list[str] = []
         start = threading.Barrier(len(nodes))
 
-        def ask(node: kafka.Kafka) -> None:
+        def ask(node: kafka.Kafka, start: threading.Barrier, ids: list[str]) -> None:
             start.wait()
             ids.append(node._cluster_id())
 
-        threads = [threading.Thread(target=ask, args=(n,)) for n in nodes]
+        threads = [threading.Thread(target=ask, args=(n, start, ids)) for n in nodes]
         for t in threads:
             t.start()
         for t in threads:
