@@ -49,13 +49,13 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import psycopg  # noqa: E402
-from confluent_kafka import KafkaException, Producer  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka.admin import AdminClient  # noqa: E402
 from psycopg import sql  # noqa: E402
 
 from bench._data import order  # noqa: E402
 from bench.bench_postgres_sink import COLUMNS, COPY_TYPES, FIELDS, create_table  # noqa: E402
-from bench.bench_worker import TXN_RECORDS, cpu_of, expected_high_watermarks, in_child, watermarks  # noqa: E402
+from bench.bench_worker import TXN_RECORDS, cpu_of, expected_high_watermarks, in_child, recreate_topic, watermarks  # noqa: E402
 from eosink.worker.stack.endpoints import load_endpoints  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "e2e.json"
@@ -79,19 +79,7 @@ def prefill(bootstrap: str, topic: str, n: int, partitions: int) -> None:
     deadline = time.monotonic() + 60
     if topic in admin.list_topics(timeout=10).topics:
         print(f"  {topic} does not hold exactly {n:,} records (watermarks {have}): recreating it")
-        admin.delete_topics([topic], operation_timeout=30)[topic].result()
-        while topic in admin.list_topics(timeout=10).topics:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"topic {topic} still listed 60s after its deletion")
-            time.sleep(0.2)
-    while True:  # creation right after a deletion can be refused for a moment
-        try:
-            admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=30)[topic].result()
-            break
-        except KafkaException:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    recreate_topic(admin, topic, partitions, deadline)
     t0 = time.perf_counter()
     txn_id = f"bench-e2e-{topic}-{uuid.uuid4().hex[:6]}"
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": txn_id, "linger.ms": 50,

@@ -123,6 +123,24 @@ def watermarks(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, i
         c.close()
 
 
+def recreate_topic(admin: AdminClient, topic: str, partitions: int, deadline: float) -> None:
+    """Delete ``topic`` if it exists and create it empty, retrying until ``deadline`` (monotonic)."""
+    if topic in admin.list_topics(timeout=10).topics:
+        admin.delete_topics([topic], operation_timeout=30)[topic].result()
+        while topic in admin.list_topics(timeout=10).topics:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"topic {topic} still listed 60s after its deletion")
+            time.sleep(0.2)
+    while True:  # creation right after a deletion can be refused for a moment
+        try:
+            admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=30)[topic].result()
+            return
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def prefill(bootstrap: str, topic: str, n: int, partitions: int) -> bool:
     """Make ``topic`` hold exactly ``n`` committed records; False when it already did."""
     want = [(0, h) for h in expected_high_watermarks(n, partitions)]
@@ -134,19 +152,7 @@ def prefill(bootstrap: str, topic: str, n: int, partitions: int) -> bool:
     if topic in admin.list_topics(timeout=10).topics:
         print(f"  topic {topic} does not hold exactly {n:,} records in {partitions} partitions "
               f"(watermarks {have}); recreating it")
-        admin.delete_topics([topic], operation_timeout=30)[topic].result()
-        while topic in admin.list_topics(timeout=10).topics:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"topic {topic} still listed 60s after its deletion")
-            time.sleep(0.2)
-    while True:  # creation right after a deletion can be refused for a moment
-        try:
-            admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=30)[topic].result()
-            break
-        except KafkaException:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    recreate_topic(admin, topic, partitions, deadline)
     t0 = time.perf_counter()
     producer = Producer({
         "bootstrap.servers": bootstrap,
