@@ -14,13 +14,23 @@ from eosink.worker.stack.layout import StackLayout
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Addresses of the local stack; ``s3`` is ready to splat into ``boto3.client("s3", **s3)``."""
+    """Addresses of the local stack; ``s3`` is ready to splat into ``boto3.client("s3", **s3)``.
+
+    ``security`` is set for a secure stack only: ``ca_file`` (the stack's CA, what every client
+    trusts) and ``credentials_file`` (the generated passwords, see :mod:`eosink.worker.stack.secure`).
+    """
 
     kafka_bootstrap: str
     zookeeper_hosts: str
     postgres_dsn: str
     postgres_port: int
     s3: dict[str, str]
+    security: dict[str, str] | None = None
+    raw: dict[str, Any] | None = None
+
+    @property
+    def secure(self) -> bool:
+        return self.security is not None
 
 
 def load_endpoints(home: Path | None = None) -> Endpoints:
@@ -39,6 +49,8 @@ def load_endpoints(home: Path | None = None) -> Endpoints:
             postgres_dsn=raw["postgres"]["dsn"],
             postgres_port=int(raw["postgres"]["port"]),
             s3=dict(raw["s3"]),
+            security=dict(raw["security"]) if "security" in raw else None,
+            raw=raw,
         )
     except (KeyError, TypeError, ValueError) as e:
         raise StackError(f"{path} is malformed ({e!r}); run `eosink stack up` to rewrite it") from None
@@ -48,7 +60,9 @@ def write_endpoints(layout: StackLayout, endpoints: dict[str, dict[str, Any]]) -
     """Write atomically, so a reader never sees half a file while ``up`` runs."""
     layout.home.mkdir(parents=True, exist_ok=True)
     tmp = layout.endpoints_file.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(endpoints, indent=2) + "\n")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if layout.secure else 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(endpoints, indent=2) + "\n")
     os.replace(tmp, layout.endpoints_file)
 
 

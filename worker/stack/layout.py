@@ -9,6 +9,7 @@ from pathlib import Path
 from eosink.worker.stack.errors import StackError
 
 HOST = "127.0.0.1"
+SECURE_MARKER = "secure"
 
 # Default ports sit away from the well-known ones (2181, 9092, 5432, 5000) so a developer's own
 # servers do not collide with the stack; each is overridable, e.g. EOSINK_KAFKA_PORT=29092.
@@ -33,11 +34,16 @@ def resolve_home(home: Path | None = None) -> Path:
     return home.expanduser().resolve()
 
 
-def port(env_var: str) -> int:
-    """The port configured by ``env_var``, else its default; a bad value is a clear error."""
+#: A secure stack (``eosink stack up --secure``) shifts every default port by this much, so it can run
+#: beside an open stack on the same machine (the test suite runs both).
+SECURE_PORT_OFFSET = 100
+
+
+def port(env_var: str, offset: int = 0) -> int:
+    """The port configured by ``env_var``, else its default plus ``offset``; a bad value is a clear error."""
     raw = os.environ.get(env_var)
     if raw is None or raw == "":
-        return DEFAULT_PORTS[env_var]
+        return DEFAULT_PORTS[env_var] + offset
     try:
         value = int(raw)
     except ValueError:
@@ -49,13 +55,36 @@ def port(env_var: str) -> int:
 
 @dataclass(frozen=True)
 class StackLayout:
-    """The file tree under ``<home>/stack``: data per component, logs, pid files."""
+    """The file tree under ``<home>/stack``: data per component, logs, pid files.
+
+    ``secure``: the stack runs locked down (TLS, SASL, ACLs; see :mod:`eosink.worker.stack.secure`).
+    A home is secure once ``up --secure`` wrote its marker; every later command on that home
+    (``up``, ``status``, ``down``) finds the marker and acts on the secure stack, on its ports.
+    """
 
     home: Path
+    secure: bool = False
 
     @classmethod
-    def for_home(cls, home: Path | None = None) -> StackLayout:
-        return cls(resolve_home(home))
+    def for_home(cls, home: Path | None = None, secure: bool | None = None) -> StackLayout:
+        """The layout of ``home``; ``secure=None`` reads the home's marker."""
+        resolved = resolve_home(home)
+        if secure is None:
+            secure = (resolved / "stack" / SECURE_MARKER).exists()
+        return cls(resolved, secure)
+
+    def port(self, env_var: str) -> int:
+        """The port of ``env_var`` for this stack: a secure stack's defaults sit ``SECURE_PORT_OFFSET`` higher."""
+        return port(env_var, SECURE_PORT_OFFSET if self.secure else 0)
+
+    @property
+    def secure_marker(self) -> Path:
+        return self.root / SECURE_MARKER
+
+    @property
+    def secrets_dir(self) -> Path:
+        """Certificates, keys and generated passwords of a secure stack (mode 0700)."""
+        return self.root / "secrets"
 
     @property
     def root(self) -> Path:

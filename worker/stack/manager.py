@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from eosink.worker.stack import proc
+from eosink.worker.stack import secure as secure_material
 from eosink.worker.stack.components import COMPONENTS, Component, kafka, kafka_config
 from eosink.worker.stack.endpoints import remove_endpoints, write_endpoints
 from eosink.worker.stack.errors import ComponentError, StackError
@@ -70,7 +71,7 @@ def select(names: Iterable[str] | None, layout: StackLayout, brokers: int | None
 
 
 def up(names: Iterable[str] | None = None, home: Path | None = None, report: Report = _quiet,
-       brokers: int | None = None) -> list[ComponentStatus]:
+       brokers: int | None = None, secure: bool | None = None) -> list[ComponentStatus]:
     """Start every selected component that is not already running and healthy; write endpoints.json.
 
     Components start concurrently (they do not depend on each other: Kafka runs KRaft, not
@@ -78,18 +79,45 @@ def up(names: Iterable[str] | None = None, home: Path | None = None, report: Rep
     endpoints.json always lists all four addresses (they follow from the config alone), also
     after ``up --only``; ``status`` tells which servers actually run. ``brokers`` is the Kafka
     node count (default: ``EOSINK_KAFKA_BROKERS``, else what this home ran last, else 1).
+    ``secure=True`` makes a new home a locked-down stack (see :mod:`eosink.worker.stack.secure`);
+    ``None`` keeps what the home is.
     """
-    layout = StackLayout.for_home(home)
+    layout = _layout_for_up(home, secure)
     layout.ensure()
     components = select(names, layout, brokers)
     with proc.file_lock(layout.lock_file):
+        if layout.secure:
+            secure_material.ensure(layout)
+            layout.secure_marker.touch()
         if any(isinstance(c, kafka.Kafka) for c in components):
             kafka_config.record_count(layout, kafka_config.broker_count(layout, brokers))
         errors = _each(components, lambda c: _ensure_running(c, report))
         if errors:
             raise StackError("\n\n".join(str(e) for e in errors))
-        write_endpoints(layout, {c.name: c.endpoint() for c in select(None, layout) if c.name in COMPONENTS})
+        entries = {c.name: c.endpoint() for c in select(None, layout) if c.name in COMPONENTS}
+        if layout.secure:
+            entries["security"] = secure_material.endpoint(layout)
+        write_endpoints(layout, entries)
     return status(names, home)
+
+
+def _layout_for_up(home: Path | None, secure: bool | None) -> StackLayout:
+    """The home's layout; a home whose servers were formatted open cannot turn secure, nor back.
+
+    Kafka's SCRAM users and PostgreSQL's roles and auth rules are written when their data is first
+    made, so switching would leave a server that half-enforces: refuse, and say how to start over.
+    """
+    current = StackLayout.for_home(home)
+    if secure is None or secure == current.secure:
+        return current
+    formatted = [c for c in ("kafka", "zookeeper", "postgres", "s3") if current.data_dir(c).exists()]
+    if formatted:
+        now, want = ("secure", "open") if current.secure else ("open", "secure")
+        raise StackError(
+            f"the stack under {current.root} was made {now} ({', '.join(formatted)} already have data), "
+            f"so it cannot be started {want}; run `eosink stack down`, then use another EOSINK_HOME for the "
+            f"{want} stack (or remove {current.root} to start over)")
+    return StackLayout.for_home(home, secure)
 
 
 def down(names: Iterable[str] | None = None, home: Path | None = None, report: Report = _quiet) -> None:

@@ -82,17 +82,17 @@ class Kafka(Component):
         return self.data_dir / "data"
 
     def ports(self) -> dict[str, int]:
-        return {PORT_ENV: kafka_config.broker_port(self.node_id),
-                CONTROLLER_PORT_ENV: kafka_config.controller_port(self.node_id)}
+        return {PORT_ENV: kafka_config.broker_port(self.layout, self.node_id),
+                CONTROLLER_PORT_ENV: kafka_config.controller_port(self.layout, self.node_id)}
 
     def endpoint(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {"bootstrap_servers": kafka_config.bootstrap(self.nodes)}
+        entry: dict[str, Any] = {"bootstrap_servers": kafka_config.bootstrap(self.layout, self.nodes)}
         if self.nodes > 1:
             entry["brokers"] = self.nodes
         return entry
 
     def address(self) -> str:
-        return f"{HOST}:{kafka_config.broker_port(self.node_id)}"
+        return f"{HOST}:{kafka_config.broker_port(self.layout, self.node_id)}"
 
     def launch(self) -> int:
         classpath = jvm.classpath("kafka", self.name)
@@ -140,7 +140,7 @@ class Kafka(Component):
             raise self.fail(f"formatting the log dir {self.log_dir} failed (exit {done.returncode})")
 
     def _properties(self) -> str:
-        return kafka_config.properties(self.node_id, self.nodes, self.log_dir)
+        return kafka_config.properties(self.layout, self.node_id, self.nodes, self.log_dir)
 
     def probe(self) -> None:
         from confluent_kafka.admin import AdminClient
@@ -161,7 +161,7 @@ class Kafka(Component):
             self._await_majority(deadline)
         # One probe id per node: nodes verifying at once must not fence each other's probe.
         txn_id = PROBE_TRANSACTIONAL_ID if self.node_id == 1 else f"{PROBE_TRANSACTIONAL_ID}-{self.node_id}"
-        producer = Producer({"bootstrap.servers": kafka_config.bootstrap(self.nodes), "transactional.id": txn_id,
+        producer = Producer({"bootstrap.servers": kafka_config.bootstrap(self.layout, self.nodes), "transactional.id": txn_id,
                              "log_level": 0})
         while True:
             remaining = deadline - time.monotonic()

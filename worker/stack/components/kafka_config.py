@@ -78,36 +78,36 @@ def record_count(layout: StackLayout, count: int) -> None:
     path.write_text(f"{count}\n")
 
 
-def broker_port(node: int) -> int:
-    return port(PORT_ENV) + PORT_STRIDE * (node - 1)
+def broker_port(layout: StackLayout, node: int) -> int:
+    return layout.port(PORT_ENV) + PORT_STRIDE * (node - 1)
 
 
-def controller_port(node: int) -> int:
-    return port(CONTROLLER_PORT_ENV) + PORT_STRIDE * (node - 1)
+def controller_port(layout: StackLayout, node: int) -> int:
+    return layout.port(CONTROLLER_PORT_ENV) + PORT_STRIDE * (node - 1)
 
 
-def advertised_port(node: int) -> int:
+def advertised_port(layout: StackLayout, node: int) -> int:
     if os.environ.get(ADVERTISED_PORT_ENV):
         return port(ADVERTISED_PORT_ENV) + PORT_STRIDE * (node - 1)
-    return broker_port(node)
+    return broker_port(layout, node)
 
 
-def bootstrap(nodes: int) -> str:
+def bootstrap(layout: StackLayout, nodes: int) -> str:
     """Every node's client address: a client that lists them all survives any one being down."""
-    return ",".join(f"{HOST}:{advertised_port(n)}" for n in range(1, nodes + 1))
+    return ",".join(f"{HOST}:{advertised_port(layout, n)}" for n in range(1, nodes + 1))
 
 
-def properties(node: int, nodes: int, log_dir: Path) -> str:
+def properties(layout: StackLayout, node: int, nodes: int, log_dir: Path) -> str:
     """server.properties for ``node`` of ``nodes``; one node keeps the single-replica settings."""
     replicas = str(min(nodes, 3))
     min_isr = "1" if nodes == 1 else "2"
-    voters = ",".join(f"{n}@{HOST}:{controller_port(n)}" for n in range(1, nodes + 1))
+    voters = ",".join(f"{n}@{HOST}:{controller_port(layout, n)}" for n in range(1, nodes + 1))
     settings = {
         "process.roles": "broker,controller",
         "node.id": str(node),
         "controller.quorum.voters": voters,
-        "listeners": f"PLAINTEXT://{HOST}:{broker_port(node)},CONTROLLER://{HOST}:{controller_port(node)}",
-        "advertised.listeners": f"PLAINTEXT://{HOST}:{advertised_port(node)}",
+        "listeners": f"PLAINTEXT://{HOST}:{broker_port(layout, node)},CONTROLLER://{HOST}:{controller_port(layout, node)}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{advertised_port(layout, node)}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",

@@ -21,7 +21,7 @@ from typing import Any
 
 from eosink.worker.stack import proc
 from eosink.worker.stack.components.base import Component
-from eosink.worker.stack.layout import HOST, port
+from eosink.worker.stack.layout import HOST
 
 PORT_ENV = "EOSINK_POSTGRES_PORT"
 USER = "eosink"
@@ -52,13 +52,13 @@ class Postgres(Component):
         return self.data_dir / "initialized"
 
     def ports(self) -> dict[str, int]:
-        return {PORT_ENV: port(PORT_ENV)}
+        return {PORT_ENV: self.layout.port(PORT_ENV)}
 
     def dsn(self, database: str = DATABASE) -> str:
-        return f"postgresql://{USER}@{HOST}:{port(PORT_ENV)}/{database}"
+        return f"postgresql://{USER}@{HOST}:{self.layout.port(PORT_ENV)}/{database}"
 
     def endpoint(self) -> dict[str, Any]:
-        return {"dsn": self.dsn(), "port": port(PORT_ENV)}
+        return {"dsn": self.dsn(), "port": self.layout.port(PORT_ENV)}
 
     def address(self) -> str:
         return self.dsn()
@@ -150,7 +150,7 @@ class Postgres(Component):
         self.data_dir.mkdir(parents=True, exist_ok=True)
         conf = self.pgdata / "eosink.conf"
         conf.write_text("\n".join([
-            f"port = {port(PORT_ENV)}",
+            f"port = {self.layout.port(PORT_ENV)}",
             f"listen_addresses = '{HOST}'",
             f"unix_socket_directories = '{self.base_dir / 'socket'}'",
             "max_connections = 200",

@@ -15,7 +15,7 @@ from typing import Any
 
 from eosink.worker.stack import gotools, proc
 from eosink.worker.stack.components.base import Component
-from eosink.worker.stack.layout import HOST, port
+from eosink.worker.stack.layout import HOST
 
 PORT_ENV = "EOSINK_S3_PORT"
 CONSOLE_PORT_ENV = "EOSINK_S3_CONSOLE_PORT"
@@ -49,20 +49,20 @@ class S3(Component):
     stop_timeout_s = 15.0
 
     def ports(self) -> dict[str, int]:
-        return {PORT_ENV: port(PORT_ENV), CONSOLE_PORT_ENV: port(CONSOLE_PORT_ENV)}
+        return {PORT_ENV: self.layout.port(PORT_ENV), CONSOLE_PORT_ENV: self.layout.port(CONSOLE_PORT_ENV)}
 
     def endpoint(self) -> dict[str, Any]:
         return {"endpoint_url": self.address(), **CREDENTIALS}
 
     def address(self) -> str:
-        return f"http://{HOST}:{port(PORT_ENV)}"
+        return f"http://{HOST}:{self.layout.port(PORT_ENV)}"
 
     def prepare(self, report: Callable[[str], None]) -> None:
         binary(report)
 
     def launch(self) -> int:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        argv = server_argv(binary(), self.data_dir, port(PORT_ENV), port(CONSOLE_PORT_ENV))
+        argv = server_argv(binary(), self.data_dir, self.layout.port(PORT_ENV), self.layout.port(CONSOLE_PORT_ENV))
         return proc.spawn(argv, self.log_path, cwd=self.data_dir, env=server_env())
 
     def probe(self) -> None:

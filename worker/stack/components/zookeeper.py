@@ -8,7 +8,7 @@ from typing import Any
 
 from eosink.worker.stack import jvm, proc
 from eosink.worker.stack.components.base import Component
-from eosink.worker.stack.layout import HOST, port
+from eosink.worker.stack.layout import HOST
 
 PORT_ENV = "EOSINK_ZOOKEEPER_PORT"
 
@@ -22,13 +22,13 @@ class ZooKeeper(Component):
         return self.data_dir / "zoo.cfg"
 
     def ports(self) -> dict[str, int]:
-        return {PORT_ENV: port(PORT_ENV)}
+        return {PORT_ENV: self.layout.port(PORT_ENV)}
 
     def endpoint(self) -> dict[str, Any]:
         return {"hosts": self.address()}
 
     def address(self) -> str:
-        return f"{HOST}:{port(PORT_ENV)}"
+        return f"{HOST}:{self.layout.port(PORT_ENV)}"
 
 
     def launch(self) -> int:
@@ -56,7 +56,7 @@ class ZooKeeper(Component):
             "maxSessionTimeout=60000",
             f"dataDir={self.data_dir / 'data'}",
             f"clientPortAddress={HOST}",
-            f"clientPort={port(PORT_ENV)}",
+            f"clientPort={self.layout.port(PORT_ENV)}",
             "maxClientCnxns=0",
             "admin.enableServer=false",
             "4lw.commands.whitelist=ruok,srvr,mntr",
@@ -69,7 +69,7 @@ class ZooKeeper(Component):
         # `ruok` answers imok even when the server thread died at start-up (seen here: a missing
         # class while loading the database), so also ask `srvr`, which names the serving mode.
         for command, expect in ((b"ruok", b"imok"), (b"srvr", b"Mode: standalone")):
-            with socket.create_connection((HOST, port(PORT_ENV)), timeout=2) as s:
+            with socket.create_connection((HOST, self.layout.port(PORT_ENV)), timeout=2) as s:
                 s.sendall(command)
                 s.shutdown(socket.SHUT_WR)
                 answer = b""
