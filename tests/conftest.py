@@ -31,6 +31,31 @@ def stack():
     return load_endpoints()
 
 
+#: The secure stack's home (``eosink stack up --secure``), beside the open stack's ``.eosink``.
+SECURE_HOME = Path(os.environ.get("EOSINK_SECURE_HOME") or Path(__file__).resolve().parent.parent / ".eosink-secure")
+
+
+@pytest.fixture(scope="session")
+def secure_stack():
+    """The endpoints of the locked-down stack, started here when it is not running (idempotent).
+
+    Its material (CA, passwords) is ``secure_material``; its ports are the open stack's + 100.
+    """
+    from eosink.worker.stack import load_endpoints, up
+
+    up(home=SECURE_HOME, secure=True)
+    return load_endpoints(SECURE_HOME)
+
+
+@pytest.fixture(scope="session")
+def secure_material(secure_stack):
+    """Paths of the secure stack's CA, server certificate and ``credentials.properties``."""
+    from eosink.worker.stack import secure
+    from eosink.worker.stack.layout import StackLayout
+
+    return secure.material(StackLayout.for_home(SECURE_HOME))
+
+
 @pytest.fixture
 def unique(request) -> str:
     """A short name unique to this test invocation, safe for topics, tables and znodes."""

@@ -40,16 +40,21 @@ SECURE_PORT_OFFSET = 100
 
 
 def port(env_var: str, offset: int = 0) -> int:
-    """The port configured by ``env_var``, else its default plus ``offset``; a bad value is a clear error."""
+    """The port configured by ``env_var`` (else its default), plus ``offset``; a bad value is a clear error.
+
+    The offset applies to a configured port too, so one set of ``EOSINK_*_PORT`` variables places
+    both an open stack and a secure one (``offset`` = :data:`SECURE_PORT_OFFSET`) without collisions.
+    """
     raw = os.environ.get(env_var)
     if raw is None or raw == "":
         return DEFAULT_PORTS[env_var] + offset
     try:
-        value = int(raw)
+        value = int(raw) + offset
     except ValueError:
         raise StackError(f"{env_var}={raw!r} is not a port number") from None
     if not 0 < value < 65536:
-        raise StackError(f"{env_var}={value} is outside 1..65535")
+        raise StackError(f"{env_var}={raw} (+{offset} for a secure stack) is outside 1..65535" if offset
+                         else f"{env_var}={value} is outside 1..65535")
     return value
 
 
@@ -74,7 +79,7 @@ class StackLayout:
         return cls(resolved, secure)
 
     def port(self, env_var: str) -> int:
-        """The port of ``env_var`` for this stack: a secure stack's defaults sit ``SECURE_PORT_OFFSET`` higher."""
+        """The port of ``env_var`` for this stack: a secure stack's sit ``SECURE_PORT_OFFSET`` higher."""
         return port(env_var, SECURE_PORT_OFFSET if self.secure else 0)
 
     @property
