@@ -22,6 +22,7 @@ from eosink.connectors.api.records import TopicPartition
 from eosink.worker import paths
 from eosink.worker.control.assignment import assign, from_json, to_json
 from eosink.worker.control.config import ConnectorConfig
+from eosink.worker.engine.kafka_errors import is_authorization
 from eosink.worker.engine.zk import ZkSession
 from eosink.worker.logging import get_logger
 
@@ -34,6 +35,8 @@ class TopicPartitions:
     def __init__(self, bootstrap: str, kafka: Mapping[str, str]) -> None:
         self._config: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap, **kafka}
         self._admin: Any = None
+        #: Named topics the last call found refused by the broker's ACLs (topic -> librdkafka error name).
+        self.refused: dict[str, str] = {}
 
     def __call__(self, topics: list[str], regex: str = "") -> set[TopicPartition]:
         """The partitions of ``topics``, or of every topic whose whole name matches ``regex`` (as Connect's
@@ -50,15 +53,31 @@ class TopicPartitions:
             raise RetryableError(f"cannot read topic metadata from Kafka at {self._config['bootstrap.servers']}: "
                                  f"{exc.args[0].str() if exc.args else exc}", component="kafka") from None
         out: set[TopicPartition] = set()
+        self.refused = {}
         if regex:
+            # A topic the worker may not DESCRIBE is absent from the metadata: a regex matches only what it may see.
             pattern = re.compile(regex)
             topics = sorted(t for t in md.topics if not t.startswith("__") and pattern.fullmatch(t))
         for t in topics:
             tmd = md.topics.get(t)
-            if tmd is None or tmd.error is not None:
+            if tmd is None:
+                self._note_refusal(t)
+                continue
+            if tmd.error is not None:
                 continue
             out |= {TopicPartition(t, p) for p in tmd.partitions}
         return out
+
+    def _note_refusal(self, topic: str) -> None:
+        """A named topic missing from the metadata: absent, or hidden by the ACLs? Only asking for it tells."""
+        from confluent_kafka import KafkaException
+
+        try:
+            tmd = self._admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+        except KafkaException:
+            return
+        if tmd is not None and is_authorization(tmd.error):
+            self.refused[topic] = tmd.error.name()
 
 
 class Membership:
@@ -69,6 +88,7 @@ class Membership:
         self.worker_id = worker_id
         self._partitions = partitions
         self._leader_node: str | None = None
+        self._refusals_logged: set[tuple[str, str]] = set()
 
     def register(self, rest_url: str | None) -> bool:
         """(Re-)create this worker's ephemeral znodes; after a LOST session they are gone.
@@ -125,7 +145,7 @@ class Membership:
                 previous[w] = from_json(json.loads(zk.get(paths.assignment(root, w))[0]))
             except (NoNodeError, ValueError):
                 continue
-        partitions = {name: sorted(self._partitions(cfg.topics, cfg.topics_regex)) for name, cfg in wanted.items()}
+        partitions = {name: sorted(self._with_refused(name, cfg, previous)) for name, cfg in wanted.items()}
         result = assign(partitions, {n: c.settings["tasks.max"] for n, c in wanted.items()}, workers, previous)
         for w, conns in result.items():
             doc = json.dumps(to_json(conns), sort_keys=True).encode()
@@ -142,6 +162,26 @@ class Membership:
                 zk.delete(paths.assignment(root, w))
             except NoNodeError:
                 pass
+
+    def _with_refused(self, name: str, cfg: ConnectorConfig, previous: Mapping[str, Mapping[str, set[TopicPartition]]]
+                      ) -> set[TopicPartition]:
+        """The connector's partitions; a named topic the ACLs hide keeps the partitions it had (else partition 0).
+
+        Dropping it would leave the task idle and healthy while nothing is delivered. Kept, the task
+        that owns it fails on its first fetch with TOPIC_AUTHORIZATION_FAILED naming the topic, in /status;
+        once the grant is restored the real partitions come back at the next round.
+        """
+        found = set(self._partitions(cfg.topics, cfg.topics_regex))
+        refused = getattr(self._partitions, "refused", {})
+        for topic, code in sorted(refused.items()):
+            kept = {tp for conns in previous.values() for tp in conns.get(name, ()) if tp.topic == topic}
+            found |= kept or {TopicPartition(topic, 0)}
+            if (name, topic) in self._refusals_logged:
+                continue
+            self._refusals_logged.add((name, topic))
+            log.error("kafka_topic_refused", connector=name, topic=topic, error=code,
+                      message=f"{code}: the worker may not READ topic {topic}; grant it (see the README's ACL table)")
+        return found
 
     def my_assignment(self) -> dict[str, set[TopicPartition]]:
         """What the leader last gave this worker: partitions per connector (empty before the first assignment)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from eosink.connectors.api.errors import ConfigError, RetryableError
+from eosink.worker.engine.kafka_errors import ConnectionWatch
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -25,16 +26,21 @@ def startup_timeout() -> float:
 
 
 def check_kafka(bootstrap: str, settings: dict[str, str], timeout_s: float | None = None) -> None:
-    """Raise :class:`RetryableError` naming ``bootstrap`` when no broker answers within the timeout."""
+    """Raise :class:`RetryableError` naming ``bootstrap`` when no broker answers within the timeout, and a
+    fatal :mod:`kafka_errors` error naming the setting when it answers but refuses the login or the TLS handshake
+    (a wrong password or CA would otherwise look like an unreachable broker)."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     timeout = startup_timeout() if timeout_s is None else timeout_s
     # log_level 0: the refusals librdkafka would print every 50 ms are summed up in the one error below
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, **settings})
+    conf = {"bootstrap.servers": bootstrap, "log_level": 0, **settings}
+    watch = ConnectionWatch(conf, "kafka")
+    admin = AdminClient(watch.install(conf))
     try:
         md = admin.list_topics(timeout=timeout)
     except KafkaException as e:
+        watch.check(admin)
         raise RetryableError(f"cannot reach Kafka at {bootstrap} within {timeout:.0f} s (EOSINK_BOOTSTRAP_SERVERS / "
                              f"--bootstrap-servers): {e.args[0] if e.args else e}", component="kafka") from None
     if not md.brokers:

@@ -63,6 +63,7 @@ from eosink.connectors.api.errors import FatalError, RetryableError
 from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
 from eosink.connectors.api.sink import TwoPhaseCommitSink
 from eosink.worker import metrics, paths
+from eosink.worker.engine.kafka_errors import ConnectionWatch, authorization_error
 from eosink.worker.engine.source import FailedRecord
 from eosink.worker.logging import get_logger
 
@@ -114,6 +115,21 @@ class DeadLetterSink(TwoPhaseCommitSink):
         self._producer_tid: str | None = None
         self._consumer: Any = None
         self._consumer_group: str | None = None
+        #: Refused logins / TLS handshakes of this sink's clients (fatal; see kafka_errors).
+        self.watch = ConnectionWatch(self.kafka, COMPONENT)
+
+    def _refused(self, err: Any, operation: str, resource: str, resource_type: str | None = None) -> Exception | None:
+        """An ACL refusal of ``err`` as a fatal error naming what the worker may not do, else ``None``."""
+        return authorization_error(err, self.kafka, operation, resource, component=COMPONENT, resource_type=resource_type)
+
+    def _refusal_of(self, err: Any, tid: str, group: str) -> Exception | None:
+        """Which grant a failed dead-letter write lacks, from the librdkafka error code."""
+        name = err.name() if err is not None else ""
+        if name == "TOPIC_AUTHORIZATION_FAILED":
+            return self._refused(err, "WRITE", self.topic)
+        if name == "GROUP_AUTHORIZATION_FAILED":
+            return self._refused(err, "READ", group)
+        return self._refused(err, "WRITE", tid)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def open(self) -> None:
@@ -121,7 +137,7 @@ class DeadLetterSink(TwoPhaseCommitSink):
         from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        admin = AdminClient(self.kafka)
+        admin = AdminClient(self.watch.install(dict(self.kafka)))
         try:
             if self.topic in admin.list_topics(timeout=self.timeout_s).topics:
                 return
@@ -132,6 +148,14 @@ class DeadLetterSink(TwoPhaseCommitSink):
             err = exc.args[0] if exc.args else None
             if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 return
+            self.watch.check(admin)
+            # Hidden from the metadata and not creatable: the worker lacks WRITE on an existing topic
+            # (WRITE implies DESCRIBE), or it is missing and the worker may not CREATE it (by design).
+            refused = authorization_error(err, self.kafka, "WRITE", self.topic, component=COMPONENT,
+                                          detail="the dead-letter topic is invisible to this worker: grant WRITE on it "
+                                                 "(or create it; the worker is not granted CREATE)")
+            if refused is not None:
+                raise refused from None
             raise RetryableError(f"cannot create dead-letter topic {self.topic}: {exc}", component=COMPONENT) from exc
 
     def close(self) -> None:
@@ -244,10 +268,15 @@ class DeadLetterSink(TwoPhaseCommitSink):
 
         if self._producer_tid == tid:
             self._drop_producer()
-        producer = Producer({**self.kafka, "transactional.id": tid, "transaction.timeout.ms": 60_000, "linger.ms": 5})
+        producer = Producer(self.watch.install({**self.kafka, "transactional.id": tid, "transaction.timeout.ms": 60_000,
+                                                "linger.ms": 5}))
         try:
             producer.init_transactions(self.timeout_s)
         except KafkaException as exc:
+            self.watch.check(producer)
+            refused = self._refused(exc.args[0] if exc.args else None, "WRITE", tid, "transactional.id")
+            if refused is not None:
+                raise refused from None
             raise RetryableError(f"dead-letter producer {tid}: init_transactions failed: {exc}", component=COMPONENT) from exc
         return producer
 
@@ -262,7 +291,7 @@ class DeadLetterSink(TwoPhaseCommitSink):
         group = group_id(self.connector, txn_id)
         if self._consumer is None or self._consumer_group != group:
             self._close_consumer()
-            self._consumer = Consumer({**self.kafka, "group.id": group, "isolation.level": "read_committed",
+            self._consumer = Consumer({**self.watch.install(dict(self.kafka)), "group.id": group, "isolation.level": "read_committed",
                                        "enable.auto.commit": False, "auto.offset.reset": "earliest",
                                        "enable.partition.eof": False})
             self._consumer_group = group
@@ -297,10 +326,18 @@ class DeadLetterSink(TwoPhaseCommitSink):
             self._producer, self._producer_tid = self._init(tid), tid
         p = self._producer
         errors: list[str] = []
+        refusals: list[Exception] = []
+        group = group_id(self.connector, txn_id)
+
+        def failed(err: Any) -> None:
+            errors.append(str(err))
+            refused = self._refusal_of(err, tid, group)
+            if refused is not None:
+                refusals.append(refused)
 
         def delivered(err: Any, _msg: Any) -> None:
             if err is not None:
-                errors.append(str(err))
+                failed(err)
 
         try:
             p.begin_transaction()
@@ -313,13 +350,15 @@ class DeadLetterSink(TwoPhaseCommitSink):
             if p.flush(self.timeout_s) > 0:
                 errors.append("flush timed out")
         except KafkaException as exc:
-            errors.append(str(exc))
+            failed(exc.args[0] if exc.args else exc)
         if errors:
             try:
                 p.abort_transaction(self.timeout_s)
                 self._open = None
             except Exception:  # noqa: BLE001 - a fenced or broken producer: the next init_transactions() aborts it
                 self._drop_producer()
+            if refusals:
+                raise refusals[0]  # a missing grant: fatal, the cycle aborts and nothing is visible
             raise RetryableError(f"dead-letter write of {txn_id} to {self.topic} failed: {errors[0]}", component=COMPONENT)
 
     def _redeliver(self, txn_id: str, doc: dict[str, Any]) -> None:
@@ -333,6 +372,9 @@ class DeadLetterSink(TwoPhaseCommitSink):
             committed = self._group_consumer(txn_id).committed(self._marker(records, txn_id), timeout=self.timeout_s)
         except KafkaException as exc:
             self._drop_producer()
+            refused = self._refused(exc.args[0] if exc.args else None, "READ", group_id(self.connector, txn_id))
+            if refused is not None:
+                raise refused from None
             raise RetryableError(f"reading the dead-letter marker of {txn_id}: {exc}", component=COMPONENT) from exc
         if any(tp.metadata == txn_id for tp in committed):
             log.info("dead_letter_already_committed", connector=self.connector, txn=txn_id)
@@ -359,7 +401,12 @@ class DeadLetterSink(TwoPhaseCommitSink):
                 c.assign([KTP(topic, int(partition), int(offset))])
                 msg = None
                 for _ in range(max(1, int(self.timeout_s))):
-                    msgs = [m for m in c.consume(1, timeout=1.0) if m.error() is None]
+                    got = c.consume(1, timeout=1.0)
+                    for m in got:
+                        refused = self._refused(m.error(), "READ", topic, "topic") if m.error() is not None else None
+                        if refused is not None:
+                            raise refused
+                    msgs = [m for m in got if m.error() is None]
                     if msgs:
                         msg = msgs[0]
                         break

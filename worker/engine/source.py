@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from eosink.connectors.api.errors import FatalError, RecordError, RetryableError
 from eosink.connectors.api.records import SinkRecord, TopicPartition
 from eosink.connectors.common import jsoncodec
+from eosink.worker.engine.kafka_errors import ConnectionWatch, authorization_error
 
 #: A cycle carries at most this many failed records (they are listed in one ZooKeeper znode).
 MAX_FAILED_PER_BATCH = 1000
@@ -213,7 +214,14 @@ class KafkaSource:
         }
         conf.update(overrides or {})
         conf.update(PINNED)
-        self.consumer = Consumer(conf)
+        self.settings = {k: v for k, v in conf.items() if k in ("bootstrap.servers", "sasl.username", "sasl.mechanism",
+                                                                 "ssl.ca.location", "security.protocol")}
+        #: A refused login or TLS handshake reaches only the error callback; poll_batch raises it (fatal).
+        self.watch = ConnectionWatch(self.settings, "kafka-consumer")
+        #: The best-effort group commit's refusal (GROUP_AUTHORIZATION_FAILED), raised by the next poll_batch.
+        self._commit_refused: Exception | None = None
+        conf["on_commit"] = self._on_commit
+        self.consumer = Consumer(self.watch.install(conf))
         try:
             self.decode = converter(value_converter, schemas_enable=schemas_enable)
             self.converter = value_converter
@@ -263,6 +271,30 @@ class KafkaSource:
             except KafkaException:
                 pass  # assign anyway: librdkafka learns the leaders on its own, only later
 
+    def _on_commit(self, err: Any, _partitions: Any) -> None:
+        """The group commit is best effort (the decision log is the truth), but a refusal by the ACLs is
+        a misconfiguration an operator must fix, not a hiccup: remember it, the next poll raises it."""
+        refused = authorization_error(err, self.settings, "READ", f"eosink-{self.connector}", component="kafka-consumer",
+                                      detail="committing the consumer group's offsets")
+        if refused is not None and self._commit_refused is None:
+            self._commit_refused = refused
+
+    def _raise_refusals(self) -> None:
+        """Raise what the callbacks saw: a refused group commit, a refused login or TLS handshake."""
+        if self._commit_refused is not None:
+            raise self._commit_refused
+        self.watch.check()
+
+    def _error(self, m: Any, err: Any) -> Exception:
+        """A consumer error as an eosink error: ACL refusals and failed logins are fatal, the rest is retried."""
+        refused = authorization_error(err, self.settings, "READ", m.topic() or "?", component="kafka-consumer",
+                                      resource_type=None if err.name() != "TOPIC_AUTHORIZATION_FAILED" else "topic")
+        if refused is not None:
+            return refused
+        if err.fatal():
+            return FatalError(f"consumer error from Kafka at {self.bootstrap}: {err}", component="kafka-consumer")
+        return RetryableError(f"consumer error from Kafka at {self.bootstrap}: {err}", component="kafka-consumer")
+
     def poll_batch(self, max_records: int, max_bytes: int, timeout_s: float) -> Batch:
         _pause_gc()
         try:
@@ -273,6 +305,8 @@ class KafkaSource:
     def _poll_batch(self, max_records: int, max_bytes: int, timeout_s: float) -> Batch:
         from confluent_kafka import KafkaError
 
+        if self._commit_refused is not None:
+            raise self._commit_refused  # before anything is consumed: the cycle aborts with nothing read
         batch = Batch()
         out = batch.records
         append = out.append
@@ -291,15 +325,15 @@ class KafkaSource:
                                              timeout=min(remaining, 0.1))
                 if msgs and self.first_record_at is None:
                     self.first_record_at = time.monotonic()
+                elif not msgs:
+                    self._raise_refusals()
             for i, m in enumerate(msgs):
                 err = m.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         continue
                     self._pending = []
-                    if err.fatal():
-                        raise FatalError(f"consumer error from Kafka at {self.bootstrap}: {err}", component="kafka-consumer")
-                    raise RetryableError(f"consumer error from Kafka at {self.bootstrap}: {err}", component="kafka-consumer")
+                    raise self._error(m, err)
                 raw = m.value()
                 key = m.key()
                 what = "value"

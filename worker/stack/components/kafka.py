@@ -18,7 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
 
-from eosink.worker.stack import jvm, proc
+from eosink.worker.stack import jvm, proc, secure
 from eosink.worker.stack.components import kafka_config
 from eosink.worker.stack.components.base import Component
 from eosink.worker.stack.components.kafka_config import CONTROLLER_PORT_ENV, PORT_ENV
@@ -86,10 +86,18 @@ class Kafka(Component):
                 CONTROLLER_PORT_ENV: kafka_config.controller_port(self.layout, self.node_id)}
 
     def endpoint(self) -> dict[str, Any]:
+        """Where clients connect; on a secure stack also ``client``: the non-secret settings every client
+        adds (protocol, mechanism, CA) - user names and passwords stay in ``credentials.properties``."""
         entry: dict[str, Any] = {"bootstrap_servers": kafka_config.bootstrap(self.layout, self.nodes)}
         if self.nodes > 1:
             entry["brokers"] = self.nodes
+        if self.layout.secure:
+            entry["client"] = kafka_config.client_settings(self.layout)
         return entry
+
+    def _client(self, **extra: Any) -> dict[str, Any]:
+        """librdkafka settings of the stack's own clients: the super user on a secure stack."""
+        return {"log_level": 0, **kafka_config.admin_client_config(self.layout), **extra}
 
     def address(self) -> str:
         return f"{HOST}:{kafka_config.broker_port(self.layout, self.node_id)}"
@@ -100,6 +108,8 @@ class Kafka(Component):
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.properties_file.write_text(self._properties())
         self.log4j_file.write_text(LOG4J2)
+        if self.layout.secure:
+            kafka_config.write_keystore(self.layout)
         common = ["-XX:-UsePerfData", "-Djava.awt.headless=true",
                   f"-Dlog4j2.configurationFile={self.log4j_file}", "-cp", classpath]
         if not (self.log_dir / "meta.properties").exists():
@@ -130,6 +140,13 @@ class Kafka(Component):
         # --initial-controllers; --ignore-formatted makes a repeated format harmless.
         argv = [*java_argv, "kafka.tools.StorageTool", "format", "-t", self._cluster_id(),
                 "-c", str(self.properties_file), "--ignore-formatted"]
+        if self.layout.secure:
+            # KRaft keeps SCRAM credentials in the metadata log: written here, into the bootstrap
+            # records, they exist before the first broker authenticates (inter-broker uses admin's).
+            # Only a salted hash is stored; the clear password is on this short-lived command line.
+            m = secure.material(self.layout)
+            for role in kafka_config.SCRAM_ROLES:
+                argv += ["--add-scram", f"{kafka_config.SCRAM_MECHANISM}=[name={m.user(role)},password={m.password(role)}]"]
         with open(self.log_path, "ab") as log:
             try:
                 done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -146,7 +163,7 @@ class Kafka(Component):
         from confluent_kafka.admin import AdminClient
 
         # log_level 0: librdkafka would print every refused connection while the broker boots.
-        admin = AdminClient({"bootstrap.servers": self.address(), "log_level": 0})
+        admin = AdminClient(self._client(**{"bootstrap.servers": self.address()}))
         metadata = admin.list_topics(timeout=2)
         if self.node_id not in metadata.brokers:
             raise RuntimeError(f"metadata does not list broker {self.node_id} yet")
@@ -161,25 +178,36 @@ class Kafka(Component):
             self._await_majority(deadline)
         # One probe id per node: nodes verifying at once must not fence each other's probe.
         txn_id = PROBE_TRANSACTIONAL_ID if self.node_id == 1 else f"{PROBE_TRANSACTIONAL_ID}-{self.node_id}"
-        producer = Producer({"bootstrap.servers": kafka_config.bootstrap(self.layout, self.nodes), "transactional.id": txn_id,
-                             "log_level": 0})
+        producer = Producer(self._client(**{"bootstrap.servers": kafka_config.bootstrap(self.layout, self.nodes),
+                                            "transactional.id": txn_id}))
         while True:
             remaining = deadline - time.monotonic()
             try:
                 producer.init_transactions(max(1.0, min(remaining, 30.0)))
-                return
+                break
             except KafkaException as e:
                 error = e.args[0]
                 if not error.retriable() or time.monotonic() >= deadline:
                     raise self.fail(f"the broker answers metadata but init_transactions() failed: {error}") from None
             time.sleep(0.5)
+        if self.layout.secure and self.node_id == 1:
+            self._apply_acls()
+
+    def _apply_acls(self) -> None:
+        """The least-privilege grants of :mod:`eosink.worker.stack.kafka_acl`, as the super user (idempotent)."""
+        from eosink.worker.stack import kafka_acl
+
+        try:
+            kafka_acl.apply(self._client(**{"bootstrap.servers": kafka_config.bootstrap(self.layout, self.nodes)}))
+        except Exception as e:  # noqa: BLE001 - one line naming what failed, whatever the client raised
+            raise self.fail(f"applying the least-privilege ACLs failed: {e}") from None
 
     def _await_majority(self, deadline: float) -> None:
         """Transactions need ``min.insync.replicas`` (2) live nodes: nodes that start together wait
         for each other here; a node restarted into a running cluster finds them at once."""
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.address(), "log_level": 0})
+        admin = AdminClient(self._client(**{"bootstrap.servers": self.address()}))
         needed = 2
         seen = 0
         while time.monotonic() < deadline:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from eosink.worker.stack import secure
 from eosink.worker.stack.errors import StackError
 from eosink.worker.stack.layout import HOST, StackLayout, port
 
@@ -34,6 +35,14 @@ CONTROLLER_PORT_ENV = "EOSINK_KAFKA_CONTROLLER_PORT"
 ADVERTISED_PORT_ENV = "EOSINK_KAFKA_ADVERTISED_PORT"
 MAX_BROKERS = 9
 PORT_STRIDE = 2
+
+#: The secure stack's client and inter-broker mechanism (credentials live in the KRaft metadata log).
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+#: The mechanism of the secure stack's controller listener (see :func:`secure_settings` for why not SCRAM).
+CONTROLLER_MECHANISM = "PLAIN"
+#: The roles of :data:`secure.USERS` that get a SCRAM credential at format time.
+SCRAM_ROLES = ("kafka.admin", "kafka.worker", "kafka.publisher")
+ADMIN_ROLE = "kafka.admin"
 
 
 def broker_count(layout: StackLayout, requested: int | None = None) -> int:
@@ -97,6 +106,82 @@ def bootstrap(layout: StackLayout, nodes: int) -> str:
     return ",".join(f"{HOST}:{advertised_port(layout, n)}" for n in range(1, nodes + 1))
 
 
+def keystore_file(layout: StackLayout) -> Path:
+    """The broker's PEM keystore: the server key and certificate in one file (what ``ssl.keystore.type=PEM``
+    with ``ssl.keystore.location`` reads), made from ``server.key`` + ``server.pem`` of the stack's secrets."""
+    return secure.material(layout).directory / "kafka-keystore.pem"
+
+
+def write_keystore(layout: StackLayout) -> Path:
+    m = secure.material(layout)
+    path = keystore_file(layout)
+    data = m.server_key.read_bytes().rstrip(b"\n") + b"\n" + m.server_cert.read_bytes()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+    return path
+
+
+def client_settings(layout: StackLayout) -> dict[str, str]:
+    """What a client of the secure stack sets besides its user name and password (never a secret)."""
+    return {"security.protocol": "SASL_SSL", "sasl.mechanism": SCRAM_MECHANISM,
+            "ssl.ca.location": str(secure.material(layout).ca_cert)}
+
+
+def admin_client_config(layout: StackLayout) -> dict[str, str]:
+    """librdkafka settings of the stack's own admin connection (probes, ACL provisioning); empty when open."""
+    if not layout.secure:
+        return {}
+    m = secure.material(layout)
+    return {**client_settings(layout), "sasl.username": m.user(ADMIN_ROLE), "sasl.password": m.password(ADMIN_ROLE)}
+
+
+def secure_settings(layout: StackLayout, node: int) -> dict[str, str]:
+    """The settings that lock a node down: SASL_SSL everywhere, ACLs that deny by default.
+
+    Passwords never appear in server.properties: the JAAS entries name them with ``${file:...}``
+    references into ``credentials.properties``, resolved by the broker's FileConfigProvider.
+
+    The controller listener cannot use SCRAM: SCRAM credentials live in the metadata log the
+    controllers themselves serve, so a controller could not authenticate anyone before it has read
+    it (Kafka refuses SCRAM there). It uses SASL PLAIN over TLS with one static JAAS user, ``admin``
+    (the super user): a connection to the quorum port without that password is refused at the
+    handshake, so the controller listener is no unauthenticated back door and no ``User:ANONYMOUS``
+    super user is needed.
+    """
+    m = secure.material(layout)
+    admin, admin_password = m.user(ADMIN_ROLE), f"${{file:{m.credentials_file}:{ADMIN_ROLE}.password}}"
+    scram_jaas = (f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{admin}" '
+                  f'password="{admin_password}";')
+    plain_jaas = (f'org.apache.kafka.common.security.plain.PlainLoginModule required username="{admin}" '
+                  f'password="{admin_password}" user_{admin}="{admin_password}";')
+    return {
+        "listeners": f"SASL_SSL://{HOST}:{broker_port(layout, node)},CONTROLLER://{HOST}:{controller_port(layout, node)}",
+        "advertised.listeners": f"SASL_SSL://{HOST}:{advertised_port(layout, node)}",
+        "inter.broker.listener.name": "SASL_SSL",
+        "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:SASL_SSL",
+        "config.providers": "file",
+        "config.providers.file.class": "org.apache.kafka.common.config.provider.FileConfigProvider",
+        "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+        "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
+        "listener.name.sasl_ssl.sasl.enabled.mechanisms": SCRAM_MECHANISM,
+        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": scram_jaas,
+        "sasl.mechanism.controller.protocol": CONTROLLER_MECHANISM,
+        "listener.name.controller.sasl.enabled.mechanisms": CONTROLLER_MECHANISM,
+        "listener.name.controller.plain.sasl.jaas.config": plain_jaas,
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(keystore_file(layout)),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(m.ca_cert),
+        "ssl.client.auth": "none",
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "allow.everyone.if.no.acl.found": "false",
+        "super.users": f"User:{admin}",
+    }
+
+
 def properties(layout: StackLayout, node: int, nodes: int, log_dir: Path) -> str:
     """server.properties for ``node`` of ``nodes``; one node keeps the single-replica settings."""
     replicas = str(min(nodes, 3))
@@ -132,4 +217,6 @@ def properties(layout: StackLayout, node: int, nodes: int, log_dir: Path) -> str
         # A restarted node must take its partitions' leadership back, or one node ends up
         # leading everything; the default 5-minute check is longer than a fault test.
         settings["leader.imbalance.check.interval.seconds"] = "10"
+    if layout.secure:
+        settings.update(secure_settings(layout, node))
     return "".join(f"{key}={value}\n" for key, value in settings.items())
