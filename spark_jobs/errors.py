@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 
 from eosink.connectors.api.errors import ConfigError, EosinkError, FatalError, FencedError, RetryableError
+from eosink.worker.engine.kafka_errors import KafkaAuthenticationError, KafkaAuthorizationError, KafkaTlsError
 
 COMPONENT = "spark-publisher"
 
@@ -123,6 +124,19 @@ class PublishError(FatalError):
         super().__init__(message, component=COMPONENT)
 
 
+class AuthorizationError(KafkaAuthorizationError):
+    """The broker's ACLs refuse the publisher an operation (WRITE on an outbox or the ledger, its transactional.id,
+    READ on the ledger): fatal, names the librdkafka error, the principal, the operation and the resource."""
+
+
+class AuthenticationError(KafkaAuthenticationError):
+    """The broker refused the publisher's SASL login (check sasl.username / sasl.password)."""
+
+
+class TlsError(KafkaTlsError):
+    """The TLS handshake failed (check ssl.ca.location)."""
+
+
 _REMOTE = re.compile(r"spark_jobs\.errors\.(\w+): (.*)")
 
 
@@ -152,6 +166,9 @@ def from_task_failure(exc: BaseException) -> EosinkError | None:
 
 
 __all__ = [
+    "AuthenticationError",
+    "AuthorizationError",
+    "TlsError",
     "BrokerUnreachableError",
     "LedgerError",
     "MissingColumnError",

@@ -13,7 +13,18 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from eosink.spark_jobs.errors import BrokerUnreachableError, PublishError, TopicMissingError, TransactionTimeoutError
+from eosink.spark_jobs.errors import (
+    AuthenticationError,
+    AuthorizationError,
+    BrokerUnreachableError,
+    PublishError,
+    TlsError,
+    TopicMissingError,
+    TransactionTimeoutError,
+)
+from eosink.worker.engine.kafka_errors import ConnectionWatch, authorization_error
+
+COMPONENT = "spark-publisher"
 
 # Client settings that every client of the same cluster needs (the producer's config is the source).
 _SHARED_PREFIXES = ("bootstrap.servers", "security.", "sasl.", "ssl.", "client.dns.lookup", "broker.address.family")
@@ -28,20 +39,48 @@ def client_config(kafka: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kafka.items() if k.startswith(_SHARED_PREFIXES)}
 
 
+def watch(kafka: Mapping[str, Any]) -> ConnectionWatch:
+    """The publisher's ``error_cb``: a refused login or TLS handshake becomes a fatal one-line error."""
+    return ConnectionWatch(kafka, COMPONENT, AuthenticationError, TlsError)
+
+
 def admin_client(kafka: Mapping[str, Any]) -> AdminClient:
-    return AdminClient(client_config(kafka))
+    return connect(kafka)[0]
 
 
-def cluster_metadata(admin: AdminClient, bootstrap: str, timeout_s: float = 15.0) -> Any:
-    """Metadata of all topics, or :class:`BrokerUnreachableError` naming the bootstrap servers."""
+def connect(kafka: Mapping[str, Any]) -> tuple[AdminClient, ConnectionWatch]:
+    """An admin client and the watch over its logins (for :func:`cluster_metadata`)."""
+    conf = client_config(kafka)
+    cb = watch(conf)
+    return AdminClient(cb.install(conf)), cb
+
+
+def cluster_metadata(admin: AdminClient, bootstrap: str, timeout_s: float = 15.0, cb: ConnectionWatch | None = None) -> Any:
+    """Metadata of all topics, or :class:`BrokerUnreachableError` naming the bootstrap servers (or, with the
+    admin client's ``cb``, the authentication / TLS error that made it unreachable)."""
     try:
         return admin.list_topics(timeout=timeout_s)
     except KafkaException as e:
+        if cb is not None:
+            cb.check(admin)
         raise BrokerUnreachableError(bootstrap, f"no metadata within {timeout_s:.0f}s ({e.args[0].str()})") from None
 
 
-def check_topics_exist(metadata: Any, topics: Iterable[str], bootstrap: str) -> None:
+def check_topics_exist(metadata: Any, topics: Iterable[str], bootstrap: str, admin: AdminClient | None = None,
+                       kafka: Mapping[str, Any] | None = None) -> None:
+    """Every outbox topic exists and may be written. A topic the ACLs hide is absent from the metadata of
+    all topics like a missing one: asking for it by name (with ``admin``) tells the two apart."""
     missing = [t for t in topics if t not in metadata.topics or metadata.topics[t].error is not None]
+    if missing and admin is not None:
+        for topic in missing:
+            try:
+                tmd = admin.list_topics(topic=topic, timeout=15).topics.get(topic)
+            except KafkaException:
+                continue
+            refused = authorization_error(tmd.error if tmd is not None else None, kafka or {}, "WRITE", topic,
+                                          component=COMPONENT, cls=AuthorizationError)
+            if refused is not None:
+                raise refused
     if missing:
         raise TopicMissingError(missing, bootstrap)
 
@@ -72,7 +111,8 @@ def check_transaction_timeout(timeout_ms: int, broker_max_ms: int) -> None:
         )
 
 
-def ensure_ledger_topic(admin: AdminClient, metadata: Any, topic: str, timeout_s: float = 30.0) -> None:
+def ensure_ledger_topic(admin: AdminClient, metadata: Any, topic: str, timeout_s: float = 30.0,
+                        kafka: Mapping[str, Any] | None = None) -> None:
     """Create the compacted one-partition ledger topic if it is missing (idempotent, race-safe)."""
     if topic in metadata.topics and metadata.topics[topic].error is None:
         if len(metadata.topics[topic].partitions) != 1:
@@ -82,5 +122,10 @@ def ensure_ledger_topic(admin: AdminClient, metadata: Any, topic: str, timeout_s
     try:
         admin.create_topics([new], request_timeout=timeout_s)[topic].result(timeout_s)
     except KafkaException as e:
+        refused = authorization_error(e.args[0], kafka or {}, "READ", topic, component=COMPONENT, cls=AuthorizationError,
+                                      detail="the ledger topic is invisible to the publisher: grant READ and WRITE on "
+                                             "it (it is created by an operator; the publisher is not granted CREATE)")
+        if refused is not None:
+            raise refused from None
         if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise PublishError(f"cannot create ledger topic '{topic}': {e.args[0].str()}") from None

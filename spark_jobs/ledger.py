@@ -55,11 +55,14 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from eosink.spark_jobs.errors import LedgerError
-from eosink.spark_jobs.kafka_checks import client_config
+from eosink.spark_jobs.errors import COMPONENT, AuthorizationError, LedgerError
+from eosink.spark_jobs.kafka_checks import client_config, watch
 from eosink.spark_jobs.naming import RUN_MARKER, run_prefix
+from eosink.worker.engine.kafka_errors import authorization_error
 
 _TAIL_CACHE_MAX = 200_000
+#: The ledger readers' group.id: the Python client requires one; it never joins nor commits (assign() only).
+LEDGER_READER_GROUP = "eosink-ledger-reader"
 
 
 @dataclass(frozen=True)
@@ -102,24 +105,40 @@ class LedgerReader:
 
     def __init__(self, kafka: Mapping[str, Any], topic: str) -> None:
         base = client_config(kafka)
+        self._settings = base
+        self._watch = watch(base)
         self.topic = topic
         self._tp = TopicPartition(topic, 0)
         common = {
             **base,
-            "group.id": "eosink-ledger-reader",  # never joins or commits; assign() only
+            "group.id": LEDGER_READER_GROUP,  # never joins or commits; assign() only
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "enable.partition.eof": True,
             "fetch.wait.max.ms": 10,
             "auto.offset.reset": "earliest",
         }
-        self._uncommitted = Consumer({**common, "isolation.level": "read_uncommitted"})
-        self._committed = Consumer({**common, "isolation.level": "read_committed"})
+        self._uncommitted = Consumer(self._watch.install({**common, "isolation.level": "read_uncommitted"}))
+        self._committed = Consumer(self._watch.install({**common, "isolation.level": "read_committed"}))
+
+    def _refused(self, err: Any) -> Exception | None:
+        """A refused login / TLS handshake, or READ refused on the ledger by the ACLs: fatal, said once."""
+        seen = self._watch.seen
+        if seen is not None:
+            return seen
+        if err is not None and err.name() == "GROUP_AUTHORIZATION_FAILED":
+            # The reader never joins nor commits, but librdkafka looks up its group's coordinator anyway.
+            return authorization_error(err, self._settings, "DESCRIBE", LEDGER_READER_GROUP, component=COMPONENT,
+                                       cls=AuthorizationError)
+        return authorization_error(err, self._settings, "READ", self.topic, component=COMPONENT, cls=AuthorizationError)
 
     def _watermark(self, consumer: Consumer, what: str, timeout_s: float) -> int:
         try:
             _, high = consumer.get_watermark_offsets(self._tp, timeout=timeout_s, cached=False)
         except KafkaException as e:
+            refused = self._refused(e.args[0])
+            if refused is not None:
+                raise refused from None
             raise LedgerError(f"cannot read the {what} of ledger topic '{self.topic}': {e.args[0].str()}") from None
         return int(high)
 
@@ -157,6 +176,9 @@ class LedgerReader:
                         if eof is not None and eof >= stop:
                             return
                         continue  # read_committed stopped at the LSO below ``stop``: wait for it
+                    refused = self._refused(err)
+                    if refused is not None:
+                        raise refused
                     raise LedgerError(f"reading ledger topic '{self.topic}': {err.str()}")
                 offset = msg.offset()
                 if offset is None:  # only a message that did not come from a partition lacks one

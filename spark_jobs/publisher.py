@@ -131,12 +131,12 @@ def publish_outbox(
     conf = producer_config(kafka)
     bootstrap = str(conf["bootstrap.servers"])
 
-    admin = kafka_checks.admin_client(conf)
-    metadata = kafka_checks.cluster_metadata(admin, bootstrap, connect_timeout_s)
-    kafka_checks.check_topics_exist(metadata, [ob.topic for ob in compiled], bootstrap)
+    admin, watch = kafka_checks.connect(conf)
+    metadata = kafka_checks.cluster_metadata(admin, bootstrap, connect_timeout_s, watch)
+    kafka_checks.check_topics_exist(metadata, [ob.topic for ob in compiled], bootstrap, admin, conf)
     broker_max = kafka_checks.broker_max_transaction_timeout_ms(admin, metadata, connect_timeout_s)
     kafka_checks.check_transaction_timeout(transaction_timeout_ms, broker_max)
-    kafka_checks.ensure_ledger_topic(admin, metadata, ledger_topic)
+    kafka_checks.ensure_ledger_topic(admin, metadata, ledger_topic, kafka=conf)
 
     state = read_run(conf, ledger_topic, job, run_id, ledger_timeout_s)
     if state.marker is not None:

@@ -40,7 +40,10 @@ import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from eosink.connectors.api.records import ID_HEADER, RUN_HEADER
+from eosink.spark_jobs import kafka_checks
 from eosink.spark_jobs.errors import (
+    COMPONENT,
+    AuthorizationError,
     BrokerUnreachableError,
     PublishError,
     TaskTooLongError,
@@ -51,6 +54,7 @@ from eosink.spark_jobs.errors import (
 from eosink.spark_jobs.ledger import LedgerEntry, entry_value, lookup_committed
 from eosink.spark_jobs.naming import ledger_key, record_id_prefix, transactional_id
 from eosink.spark_jobs.outbox import CompiledOutbox
+from eosink.worker.engine.kafka_errors import authorization_error
 
 FaultHook = Callable[[str, int, int], None]
 #: Record headers as confluent-kafka takes them.
@@ -120,9 +124,20 @@ class PartitionResult:
     transactional_id: str
 
 
-def _error(e: KafkaException, tid: str, bootstrap: str, during: str) -> Exception:
-    """Translate a librdkafka error into eosink's classes (decided by code, never by text)."""
+def _error(e: KafkaException, tid: str, bootstrap: str, during: str, refusal: Exception | None = None,
+           settings: dict[str, Any] | None = None) -> Exception:
+    """Translate a librdkafka error into eosink's classes (decided by code, never by text).
+
+    ``refusal``: an ACL refusal already seen (a record's delivery report): the transaction failed
+    because of it, whatever code the commit itself then returns, so it is the error to report."""
     err: KafkaError = e.args[0]
+    if refusal is not None:
+        return refusal
+    refused = authorization_error(err, settings or {}, "WRITE", tid, component=COMPONENT, cls=AuthorizationError,
+                                  resource_type="transactional.id" if err.name() == "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
+                                  else None)
+    if refused is not None:
+        return refused
     code = err.code()
     if code in _FENCED_CODES:
         return TransactionFencedError(tid, f"{during}: {err.str()}")
@@ -157,6 +172,36 @@ class PartitionPublisher:
         self._started_at = time.monotonic()
         self.seq = 0
         self.counts: dict[str, int] = {ob.topic: 0 for ob in spec.outboxes}
+        #: The first record the broker refused by its ACLs (from the delivery reports, which report only errors).
+        self.refusal: Exception | None = None
+        #: Topics of records that failed (a refused AddPartitionsToTxn fails them as _PURGE_QUEUE, not by ACL code).
+        self.failed_topics: list[str] = []
+        self.watch = kafka_checks.watch(spec.producer_config)
+
+    def _delivery_failed(self, err: Any, msg: Any) -> None:
+        if err is None:
+            return
+        topic = msg.topic() or "?"
+        if topic not in self.failed_topics:
+            self.failed_topics.append(topic)
+        if self.refusal is None:
+            self.refusal = authorization_error(err, self.spec.producer_config, "WRITE", topic, component=COMPONENT,
+                                               cls=AuthorizationError)
+
+    def _fail(self, e: KafkaException, during: str) -> Exception:
+        """The classified error of a failed call: a refused login / TLS handshake, a refused record, or the call's.
+
+        A topic the transaction may not write fails the transaction with TOPIC_AUTHORIZATION_FAILED, and its
+        records only as purged: the topics whose records failed are the refused ones. The outbox records are
+        flushed before the ledger entry is added, so a refused outbox and a refused ledger are told apart."""
+        seen = self.watch.seen
+        if seen is not None:
+            return seen
+        err = e.args[0]
+        if self.refusal is None and err.name() == "TOPIC_AUTHORIZATION_FAILED" and self.failed_topics:
+            self.refusal = authorization_error(err, self.spec.producer_config, "WRITE", ", ".join(self.failed_topics),
+                                               component=COMPONENT, cls=AuthorizationError)
+        return _error(e, self.tid, self.spec.bootstrap, during, self.refusal, self.spec.producer_config)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -178,6 +223,10 @@ class PartitionPublisher:
             "transaction.timeout.ms": spec.transaction_timeout_ms,
         }
         conf["message.timeout.ms"] = min(int(conf.get("message.timeout.ms", 300_000)), spec.transaction_timeout_ms)
+        # Only failed deliveries are reported (no per-record callback cost): an ACL refusal names its topic.
+        conf.setdefault("on_delivery", self._delivery_failed)
+        conf.setdefault("delivery.report.only.error", True)
+        self.watch.install(conf)
         try:
             self._producer = Producer(conf)
         except KafkaException as e:
@@ -185,7 +234,11 @@ class PartitionPublisher:
         try:
             self._producer.init_transactions(spec.init_timeout_s)
         except KafkaException as e:
-            raise _error(e, self.tid, spec.bootstrap, "init_transactions") from None
+            try:
+                self._producer.poll(0)  # serve the error callback: a refused login shows only there
+            except KafkaException:
+                pass  # a producer in a fatal state raises that state again: the error at hand says it
+            raise self._fail(e, "init_transactions") from None
         self._hook("after_init")
         entry = lookup_committed(
             spec.producer_config,
@@ -203,7 +256,7 @@ class PartitionPublisher:
         try:
             self._producer.begin_transaction()
         except KafkaException as e:
-            raise _error(e, self.tid, self.spec.bootstrap, "begin_transaction") from None
+            raise self._fail(e, "begin_transaction") from None
         self._in_txn = True
         self._began_at = time.monotonic()
 
@@ -253,7 +306,7 @@ class PartitionPublisher:
                         seq += 1
                         self.counts[topic] += 1
         except KafkaException as e:
-            raise _error(e, self.tid, self.spec.bootstrap, "produce") from None
+            raise self._fail(e, "produce") from None
         finally:
             self.seq = seq
         producer.poll(0)
@@ -288,6 +341,11 @@ class PartitionPublisher:
         producer = self._producer
         assert producer is not None
         try:
+            # The outbox records first: a refused outbox topic fails the transaction here, before the ledger
+            # entry joins it, so the error can name the topic (see _fail). One more round trip per partition.
+            producer.flush(spec.transaction_timeout_ms / 1000)
+            if self.failed_topics:
+                self._commit_with_retries()  # the transaction has failed: commit returns its error code
             producer.produce(
                 spec.ledger_topic,
                 entry_value(
@@ -309,7 +367,7 @@ class PartitionPublisher:
             self._hook("before_commit")
             self._commit_with_retries()
         except KafkaException as e:
-            err = _error(e, self.tid, spec.bootstrap, "commit_transaction")
+            err = self._fail(e, "commit_transaction")
             self._abort_quietly(err)
             raise err from None
         self._in_txn = False
@@ -351,7 +409,7 @@ class PartitionPublisher:
             try:
                 self._producer.abort_transaction(30)
             except KafkaException as e:
-                raise _error(e, self.tid, self.spec.bootstrap, "abort_transaction") from None
+                raise self._fail(e, "abort_transaction") from None
 
     def close(self) -> None:
         """Drop the producer; an open transaction is aborted (or left to the next attempt's init)."""

@@ -64,16 +64,16 @@ def is_authorization(err: Any) -> bool:
 
 
 def authorization_error(err: Any, settings: Mapping[str, Any], operation: str, resource: str, *, component: str,
-                        resource_type: str | None = None, detail: str = "") -> KafkaAuthorizationError | None:
-    """:class:`KafkaAuthorizationError` for ``err`` when it is an ACL refusal, else ``None`` (classify it otherwise).
+                        resource_type: str | None = None, detail: str = "",
+                        cls: type[KafkaAuthorizationError] = KafkaAuthorizationError) -> KafkaAuthorizationError | None:
+    """``cls`` (:class:`KafkaAuthorizationError`) for ``err`` when it is an ACL refusal, else ``None`` (classify it otherwise).
 
     ``resource_type`` defaults to the kind the error code names; ``resource`` is the name (or prefix) refused.
     """
     if not is_authorization(err):
         return None
     kind = resource_type or AUTHORIZATION_ERRORS[err.name()]
-    return KafkaAuthorizationError(err.name(), principal(settings), operation, kind, resource, component=component,
-                                   detail=detail)
+    return cls(err.name(), principal(settings), operation, kind, resource, component=component, detail=detail)
 
 
 class ConnectionWatch:
@@ -84,9 +84,12 @@ class ConnectionWatch:
     so :meth:`check` polls the client once before looking.
     """
 
-    def __init__(self, settings: Mapping[str, Any], component: str) -> None:
-        self.settings = dict(settings)
+    def __init__(self, settings: Mapping[str, Any], component: str,
+                 authentication: type[KafkaAuthenticationError] = KafkaAuthenticationError,
+                 tls: type[KafkaTlsError] = KafkaTlsError) -> None:
+        self.settings = {k: v for k, v in settings.items() if k != "error_cb"}
         self.component = component
+        self._classes = (authentication, tls)
         self._lock = threading.Lock()
         self._seen: FatalError | None = None
 
@@ -101,11 +104,11 @@ class ConnectionWatch:
     def _error(self, name: str) -> FatalError:
         where = self.settings.get("bootstrap.servers", "?")
         if name == "_AUTHENTICATION":
-            return KafkaAuthenticationError(
+            return self._classes[0](
                 f"SASL authentication failed for user {principal(self.settings)} at {where} with mechanism "
                 f"{self.settings.get('sasl.mechanism', 'GSSAPI')} (check sasl.username / sasl.password / sasl.mechanism)",
                 component=self.component)
-        return KafkaTlsError(
+        return self._classes[1](
             f"TLS handshake with {where} failed: the broker's certificate is not trusted "
             f"(check ssl.ca.location={self.settings.get('ssl.ca.location', '(system default)')} and security.protocol)",
             component=self.component)

@@ -33,6 +33,7 @@ DLQ_TRANSACTIONAL_ID_PREFIX = "eosink-dlq."
 PUBLISHER_JOB_PREFIX = "outbox."
 PUBLISHER_TRANSACTIONAL_ID_PREFIX = f"eosink-{PUBLISHER_JOB_PREFIX}"
 LEDGER_TOPIC = "__eosink_publish_ledger"
+LEDGER_READER_GROUP = "eosink-ledger-reader"
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,13 @@ class Grant:
         return AclBinding(ResourceType[self.resource_type], self.name, ResourcePatternType[self.pattern_type],
                           self.principal, "*", AclOperation[self.operation], AclPermissionType.ALLOW)
 
+    def filter(self) -> Any:
+        """The filter matching exactly this grant's ACL (what delete_acls takes)."""
+        from confluent_kafka.admin import AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+
+        return AclBindingFilter(ResourceType[self.resource_type], self.name, ResourcePatternType[self.pattern_type],
+                                self.principal, "*", AclOperation[self.operation], AclPermissionType.ALLOW)
+
 
 GRANTS: tuple[Grant, ...] = (
     # -- the sink workers ---------------------------------------------------------------------------
@@ -81,6 +89,9 @@ GRANTS: tuple[Grant, ...] = (
           "write the publish-ledger entry in the same transaction, and the run-complete marker"),
     Grant(PUBLISHER, "TOPIC", "LITERAL", LEDGER_TOPIC, "READ",
           "read the ledger after init_transactions() so a retried or re-run partition publishes nothing"),
+    Grant(PUBLISHER, "GROUP", "LITERAL", LEDGER_READER_GROUP, "DESCRIBE",
+          "the ledger readers only assign(), but librdkafka still looks up their group's coordinator "
+          "(FindCoordinator needs DESCRIBE); they never join or commit, so no READ"),
 )
 
 
@@ -108,8 +119,8 @@ def create(config: Mapping[str, Any], grants: Iterable[Grant] = GRANTS, timeout_
 
 
 def delete(config: Mapping[str, Any], grants: Iterable[Grant], timeout_s: float = 30.0) -> None:
-    """Delete exactly these grants' ACLs (an ACL binding is also a filter matching itself)."""
-    bindings = [g.binding() for g in grants]
+    """Delete exactly these grants' ACLs."""
+    bindings = [g.filter() for g in grants]
     if not bindings:
         return
     admin = _admin(config)  # held until the results are in: a destroyed client fails them (_DESTROY)
