@@ -10,6 +10,8 @@ and the restart policy (or the operator) takes over.
 from __future__ import annotations
 
 import os
+import time
+from typing import Any
 
 from eosink.connectors.api.errors import ConfigError, RetryableError
 from eosink.worker.engine.kafka_errors import ConnectionWatch
@@ -29,7 +31,6 @@ def check_kafka(bootstrap: str, settings: dict[str, str], timeout_s: float | Non
     """Raise :class:`RetryableError` naming ``bootstrap`` when no broker answers within the timeout, and a
     fatal :mod:`kafka_errors` error naming the setting when it answers but refuses the login or the TLS handshake
     (a wrong password or CA would otherwise look like an unreachable broker)."""
-    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     timeout = startup_timeout() if timeout_s is None else timeout_s
@@ -37,11 +38,20 @@ def check_kafka(bootstrap: str, settings: dict[str, str], timeout_s: float | Non
     conf = {"bootstrap.servers": bootstrap, "log_level": 0, **settings}
     watch = ConnectionWatch(conf, "kafka")
     admin = AdminClient(watch.install(conf))
-    try:
-        md = admin.list_topics(timeout=timeout)
-    except KafkaException as e:
-        watch.check(admin)
-        raise RetryableError(f"cannot reach Kafka at {bootstrap} within {timeout:.0f} s (EOSINK_BOOTSTRAP_SERVERS / "
-                             f"--bootstrap-servers): {e.args[0] if e.args else e}", component="kafka") from None
+    md = _metadata(admin, watch, time.monotonic() + timeout, bootstrap, timeout)
     if not md.brokers:
         raise RetryableError(f"Kafka at {bootstrap} listed no brokers within {timeout:.0f} s", component="kafka")
+
+
+def _metadata(admin: Any, watch: ConnectionWatch, deadline: float, bootstrap: str, timeout: float) -> Any:
+    """Cluster metadata, asked in slices of a second: a refused login or handshake is known at once, not at the deadline."""
+    from confluent_kafka import KafkaException
+
+    while True:
+        try:
+            return admin.list_topics(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+        except KafkaException as e:
+            watch.check(admin)
+            if time.monotonic() >= deadline:
+                raise RetryableError(f"cannot reach Kafka at {bootstrap} within {timeout:.0f} s (EOSINK_BOOTSTRAP_SERVERS / "
+                                     f"--bootstrap-servers): {e.args[0] if e.args else e}", component="kafka") from None

@@ -218,9 +218,11 @@ class KafkaSource:
                                                                  "ssl.ca.location", "security.protocol")}
         #: A refused login or TLS handshake reaches only the error callback; poll_batch raises it (fatal).
         self.watch = ConnectionWatch(self.settings, "kafka-consumer")
-        #: The best-effort group commit's refusal (GROUP_AUTHORIZATION_FAILED), raised by the next poll_batch.
+        #: An ACL refusal seen outside a fetch (the group commit's GROUP_AUTHORIZATION_FAILED, an assigned
+        #: topic's metadata), raised by the next poll_batch.
         self._commit_refused: Exception | None = None
         conf["on_commit"] = self._on_commit
+        self.group = str(conf["group.id"])
         self.consumer = Consumer(self.watch.install(conf))
         try:
             self.decode = converter(value_converter, schemas_enable=schemas_enable)
@@ -266,15 +268,22 @@ class KafkaSource:
 
         for topic in sorted(topics - self._known_topics):
             try:
-                self.consumer.list_topics(topic, timeout=2)
-                self._known_topics.add(topic)
+                tmd = self.consumer.list_topics(topic, timeout=2).topics.get(topic)
             except KafkaException:
-                pass  # assign anyway: librdkafka learns the leaders on its own, only later
+                continue  # assign anyway: librdkafka learns the leaders on its own, only later
+            # An assigned topic the ACLs hide is not reported by the fetcher: it just waits for a leader
+            # that never comes. The metadata answer is the only place the refusal shows: the next poll raises it.
+            refused = authorization_error(tmd.error if tmd is not None else None, self.settings, "READ", topic,
+                                          component="kafka-consumer", resource_type="topic")
+            if refused is not None:
+                self._commit_refused = self._commit_refused or refused
+                continue
+            self._known_topics.add(topic)
 
     def _on_commit(self, err: Any, _partitions: Any) -> None:
         """The group commit is best effort (the decision log is the truth), but a refusal by the ACLs is
         a misconfiguration an operator must fix, not a hiccup: remember it, the next poll raises it."""
-        refused = authorization_error(err, self.settings, "READ", f"eosink-{self.connector}", component="kafka-consumer",
+        refused = authorization_error(err, self.settings, "READ", self.group, component="kafka-consumer",
                                       detail="committing the consumer group's offsets")
         if refused is not None and self._commit_refused is None:
             self._commit_refused = refused
@@ -287,8 +296,9 @@ class KafkaSource:
 
     def _error(self, m: Any, err: Any) -> Exception:
         """A consumer error as an eosink error: ACL refusals and failed logins are fatal, the rest is retried."""
-        refused = authorization_error(err, self.settings, "READ", m.topic() or "?", component="kafka-consumer",
-                                      resource_type=None if err.name() != "TOPIC_AUTHORIZATION_FAILED" else "topic")
+        group = err.name() == "GROUP_AUTHORIZATION_FAILED"  # the consumer looks up its group's coordinator
+        refused = authorization_error(err, self.settings, "READ", self.group if group else m.topic() or "?",
+                                      component="kafka-consumer")
         if refused is not None:
             return refused
         if err.fatal():
