@@ -124,15 +124,9 @@ class PartitionResult:
     transactional_id: str
 
 
-def _error(e: KafkaException, tid: str, bootstrap: str, during: str, refusal: Exception | None = None,
-           settings: dict[str, Any] | None = None) -> Exception:
-    """Translate a librdkafka error into eosink's classes (decided by code, never by text).
-
-    ``refusal``: an ACL refusal already seen (a record's delivery report): the transaction failed
-    because of it, whatever code the commit itself then returns, so it is the error to report."""
+def _error(e: KafkaException, tid: str, bootstrap: str, during: str, settings: dict[str, Any] | None = None) -> Exception:
+    """Translate a librdkafka error into eosink's classes (decided by code, never by text)."""
     err: KafkaError = e.args[0]
-    if refusal is not None:
-        return refusal
     refused = authorization_error(err, settings or {}, "WRITE", tid, component=COMPONENT, cls=AuthorizationError,
                                   resource_type="transactional.id" if err.name() == "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
                                   else None)
@@ -172,36 +166,29 @@ class PartitionPublisher:
         self._started_at = time.monotonic()
         self.seq = 0
         self.counts: dict[str, int] = {ob.topic: 0 for ob in spec.outboxes}
-        #: The first record the broker refused by its ACLs (from the delivery reports, which report only errors).
-        self.refusal: Exception | None = None
-        #: Topics of records that failed (a refused AddPartitionsToTxn fails them as _PURGE_QUEUE, not by ACL code).
-        self.failed_topics: list[str] = []
         self.watch = kafka_checks.watch(spec.producer_config)
-
-    def _delivery_failed(self, err: Any, msg: Any) -> None:
-        if err is None:
-            return
-        topic = msg.topic() or "?"
-        if topic not in self.failed_topics:
-            self.failed_topics.append(topic)
-        if self.refusal is None:
-            self.refusal = authorization_error(err, self.spec.producer_config, "WRITE", topic, component=COMPONENT,
-                                               cls=AuthorizationError)
+        #: Whether the ledger entry was produced in the open transaction (the topics it wrote, for errors).
+        self._ledger_written = False
 
     def _fail(self, e: KafkaException, during: str) -> Exception:
-        """The classified error of a failed call: a refused login / TLS handshake, a refused record, or the call's.
+        """The classified error of a failed call: a refused login / TLS handshake, an ACL refusal, or the call's.
 
-        A topic the transaction may not write fails the transaction with TOPIC_AUTHORIZATION_FAILED, and its
-        records only as purged: the topics whose records failed are the refused ones. The outbox records are
-        flushed before the ledger entry is added, so a refused outbox and a refused ledger are told apart."""
+        A topic the transaction may not write fails it with TOPIC_AUTHORIZATION_FAILED, which does not say
+        which topic; its records only fail as purged. Per-record delivery reports would tell, but
+        confluent-kafka still serves them after it has set a fatal error (a fenced producer) to be raised,
+        and the flush then fails with a SystemError instead of the fencing: so the error names the topics the
+        transaction wrote, one of which is refused."""
         seen = self.watch.seen
         if seen is not None:
             return seen
         err = e.args[0]
-        if self.refusal is None and err.name() == "TOPIC_AUTHORIZATION_FAILED" and self.failed_topics:
-            self.refusal = authorization_error(err, self.spec.producer_config, "WRITE", ", ".join(self.failed_topics),
-                                               component=COMPONENT, cls=AuthorizationError)
-        return _error(e, self.tid, self.spec.bootstrap, during, self.refusal, self.spec.producer_config)
+        if err.name() == "TOPIC_AUTHORIZATION_FAILED":
+            written = [t for t, n in self.counts.items() if n] + ([self.spec.ledger_topic] if self._ledger_written else [])
+            refused = authorization_error(err, self.spec.producer_config, "WRITE", " or ".join(written) or "?",
+                                          component=COMPONENT, cls=AuthorizationError)
+            if refused is not None:
+                return refused
+        return _error(e, self.tid, self.spec.bootstrap, during, self.spec.producer_config)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -223,9 +210,6 @@ class PartitionPublisher:
             "transaction.timeout.ms": spec.transaction_timeout_ms,
         }
         conf["message.timeout.ms"] = min(int(conf.get("message.timeout.ms", 300_000)), spec.transaction_timeout_ms)
-        # Only failed deliveries are reported (no per-record callback cost): an ACL refusal names its topic.
-        conf.setdefault("on_delivery", self._delivery_failed)
-        conf.setdefault("delivery.report.only.error", True)
         self.watch.install(conf)
         try:
             self._producer = Producer(conf)
@@ -341,11 +325,7 @@ class PartitionPublisher:
         producer = self._producer
         assert producer is not None
         try:
-            # The outbox records first: a refused outbox topic fails the transaction here, before the ledger
-            # entry joins it, so the error can name the topic (see _fail). One more round trip per partition.
-            producer.flush(spec.transaction_timeout_ms / 1000)
-            if self.failed_topics:
-                self._commit_with_retries()  # the transaction has failed: commit returns its error code
+            self._ledger_written = True
             producer.produce(
                 spec.ledger_topic,
                 entry_value(

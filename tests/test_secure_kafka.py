@@ -413,7 +413,9 @@ PUBLISHER_REFUSALS = {
     ("TOPIC", "WRITE", "PREFIXED"): "TOPIC_AUTHORIZATION_FAILED: eosink-publisher may not WRITE topic outbox.",
     ("TRANSACTIONAL_ID", "WRITE", "PREFIXED"):
         "TRANSACTIONAL_ID_AUTHORIZATION_FAILED: eosink-publisher may not WRITE transactional.id eosink-outbox.",
-    ("TOPIC", "WRITE", "LITERAL"): "TOPIC_AUTHORIZATION_FAILED: eosink-publisher may not WRITE topic __eosink_publish_ledger",
+    # The broker's answer does not say which topic of the transaction was refused: the error names the
+    # topics it wrote (the outbox passed the driver's check, so the ledger is the one).
+    ("TOPIC", "WRITE", "LITERAL"): "TOPIC_AUTHORIZATION_FAILED: eosink-publisher may not WRITE topic outbox.",
     ("TOPIC", "READ", "LITERAL"): "TOPIC_AUTHORIZATION_FAILED: eosink-publisher may not READ topic __eosink_publish_ledger",
     ("GROUP", "DESCRIBE", "LITERAL"): "GROUP_AUTHORIZATION_FAILED: eosink-publisher may not DESCRIBE group eosink-ledger-reader",
 }
@@ -434,9 +436,37 @@ def test_publisher_without_one_grant_is_refused_naming_it_and_writes_nothing(sec
     assert isinstance(refused.value, FatalError)
     message = str(refused.value)
     assert PUBLISHER_REFUSALS[(grant.resource_type, grant.operation, grant.pattern_type)] in message, message
+    assert grant.name in message, message
     assert len(message.splitlines()) == 1 and secure_material.password("kafka.publisher") not in message
     assert read_keys(admin_conf, topic) == [], "a refused publish made records visible"
 
     restore(admin_conf, grant)
     assert publish_partitions(conf, topic, job, "r1", 3, 20) == 60
     assert sorted(read_keys(admin_conf, topic)) == expected_ids(job, 3, 20)
+
+
+def test_publisher_with_a_wrong_password_fails_naming_sasl_password_and_publishes_nothing(secure_stack, secure_material,
+                                                                                          admin_conf, topics, unique):
+    from eosink.spark_jobs.errors import AuthenticationError
+
+    topic = topics(f"outbox.{unique}", 1)
+    conf = {**client(secure_stack, secure_material, "kafka.publisher"), "sasl.password": "not-the-password"}
+    with pytest.raises(AuthenticationError, match=r"eosink-publisher .*sasl\.username / sasl\.password") as e:
+        publish_partitions(conf, topic, f"outbox.{unique}", "r1", 1, 5)
+    assert "not-the-password" not in str(e.value) and len(str(e.value).splitlines()) == 1
+    assert read_keys(admin_conf, topic) == []
+
+
+def test_no_password_in_the_broker_config_its_log_or_endpoints(secure_stack, secure_material):
+    from eosink.worker.stack.layout import StackLayout
+    from tests.conftest import SECURE_HOME
+
+    layout = StackLayout.for_home(SECURE_HOME)
+    texts = {path: path.read_text(errors="replace") for path in (
+        layout.data_dir("kafka") / "server.properties", layout.log_file("kafka"), layout.endpoints_file)}
+    for role in ("kafka.admin", "kafka.worker", "kafka.publisher"):
+        secret = secure_material.password(role)
+        for path, text in texts.items():
+            assert secret not in text, f"the {role} password is in {path}"
+    assert secure_stack.raw["kafka"]["client"] == {
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "ssl.ca.location": str(secure_material.ca_cert)}
