@@ -39,12 +39,14 @@ class RestClient:
                  timeout: float = 30.0, names: CredentialNames = CLI_NAMES) -> None:
         self.url = (url or os.environ.get("EOSINK_URL") or DEFAULT_URL).rstrip("/")
         env = os.environ.get
-        given = (basic, token, basic_file, token_file) != (None, None, None, None)
-        pair, tok = credentials(*((basic, token, basic_file, token_file) if given else
-                                  (env("EOSINK_REST_BASIC_AUTH"), env("EOSINK_REST_TOKEN"), env("EOSINK_REST_BASIC_AUTH_FILE"),
-                                   env("EOSINK_REST_TOKEN_FILE"))), names=names)
+        if (basic, token, basic_file, token_file) == (None, None, None, None):
+            basic, token = env("EOSINK_REST_BASIC_AUTH"), env("EOSINK_REST_TOKEN")
+            basic_file, token_file = env("EOSINK_REST_BASIC_AUTH_FILE"), env("EOSINK_REST_TOKEN_FILE")
+        pair, tok = credentials(basic, token, basic_file, token_file, names=names)
         self.auth = client_header(pair, tok)
-        self._credential_names = names.token if tok else names.basic if pair else ""
+        #: the setting a refused credential came from, for the 401 line (the token wins when both are set)
+        self._credential_names = (names.token_file if token_file else names.token) if tok else \
+            (names.basic_file if basic_file else names.basic) if pair else ""
         self.ca = ca if ca is not None else env("EOSINK_REST_CA") or None
         self.context: ssl.SSLContext | None = client_context(self.ca) if self.url.startswith("https://") else None
         self.timeout = timeout
