@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import ssl
 import subprocess
 import sys
@@ -147,6 +148,14 @@ def test_unauthenticated_and_wrong_password_writes_over_https_get_401_and_change
         with pytest.raises(urllib.error.URLError) as e:  # and the server's certificate is not trusted without the CA
             https_call(w.url, "GET", "/health", ca=None)
         assert isinstance(e.value.reason, ssl.SSLCertVerificationError)
+        # the worker image's HEALTHCHECK, with the image's variables, probes the https port too
+        probe = json.loads(re.search(r"HEALTHCHECK .*?CMD (\[[^\n]*\])", (REPO / "docker" / "worker.Dockerfile").read_text(),
+                                     re.S).group(1))
+        base = {k: v for k, v in os.environ.items() if not k.startswith("EOSINK_")}
+        env = {**base, "EOSINK_REST_PORT": str(w.rest_port), "EOSINK_REST_TLS_CERT": str(tls.server_cert)}
+        assert subprocess.run([sys.executable, *probe[1:]], env=env, capture_output=True, timeout=10).returncode == 0
+        env.pop("EOSINK_REST_TLS_CERT")
+        assert subprocess.run([sys.executable, *probe[1:]], env=env, capture_output=True, timeout=10).returncode != 0
     finally:
         w.stop()
     log = w.log_path.read_text()
@@ -301,3 +310,33 @@ def test_provider_secrets_never_reach_the_log_status_configs_metrics_command_lin
     for secret in (REST_PASSWORD, KAFKA_SECRET, PG_SECRET, ZK_SECRET):
         leaked = [s[max(0, s.find(secret) - 200):s.find(secret) + 50] for s in seen if secret in s]
         assert not leaked, f"{secret} leaked: {leaked}"
+
+
+def test_library_log_records_and_uncaught_exception_traces_in_a_worker_process_are_redacted():
+    """What bypasses our structured logger - a library's stdlib logging (kazoo, urllib3), an exception escaping a
+    thread or the main thread - goes through the redactor once the worker installed its process hooks; a credential
+    given in an ``EOSINK_*PASSWORD`` variable is hidden even before any code reads it."""
+    code = f"""
+import logging, threading
+from eosink.worker.logging import configure, install_process_hooks, register_environment_secrets, register_secret
+configure("INFO", json=True)
+install_process_hooks()
+register_environment_secrets()  # as the worker does at start: EOSINK_ZOOKEEPER_PASSWORD is read by no code here
+register_secret({PG_SECRET!r})
+logging.getLogger("kazoo.client").warning("connecting with the digest eosink:%s", {ZK_SECRET!r})
+def task():
+    raise RuntimeError("connection failed: password={PG_SECRET}")
+t = threading.Thread(target=task, name="task-x")
+t.start()
+t.join()
+raise ValueError("at exit: {PG_SECRET}")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO,
+                       env={**os.environ, "EOSINK_ZOOKEEPER_PASSWORD": ZK_SECRET})
+    assert r.returncode == 1, r.stderr
+    assert PG_SECRET not in r.stderr and ZK_SECRET not in r.stderr, r.stderr
+    assert "connecting with the digest eosink:[hidden]" in r.stderr, r.stderr
+    events = [json.loads(line) for line in r.stderr.splitlines() if line.startswith("{")]
+    uncaught = [e for e in events if e["event"] == "uncaught_exception"]
+    assert [e.get("thread") for e in uncaught] == ["task-x", None], r.stderr
+    assert all("[hidden]" in e["exception"] for e in uncaught), uncaught
