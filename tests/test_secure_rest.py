@@ -13,9 +13,11 @@ import base64
 import json
 import os
 import re
+import socket
 import ssl
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -180,6 +182,20 @@ def test_a_tls_connection_below_tls_1_2_is_refused_by_the_server(stack, unique, 
             assert r.status == 200
     finally:
         w.stop()
+
+
+def test_a_client_that_connects_and_never_handshakes_does_not_stall_other_https_requests(stack, unique, tmp_path, tls):
+    w = start_tls_worker(stack, unique, "w-tls-silent", tmp_path, tls)
+    silent = [socket.create_connection(("127.0.0.1", w.rest_port)) for _ in range(3)]  # TCP only: no ClientHello, ever
+    try:
+        started = time.monotonic()
+        assert https_call(w.url, "GET", "/health", ca=tls.ca_cert, timeout=10)[0] == 200
+        assert time.monotonic() - started < 5, "the silent clients held up the server"
+    finally:
+        for s in silent:
+            s.close()
+        w.stop()
+    assert "Traceback" not in w.log_path.read_text()
 
 
 # -- the CLI over https -----------------------------------------------------------------------------------------------
