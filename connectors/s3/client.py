@@ -140,6 +140,11 @@ class Bucket:
             msg = exc.response.get("Error", {}).get("Message", "")
             if status >= 500 or code in _RETRYABLE_CODES:
                 return RetryableError(f"{at}: {code} (HTTP {status}) {msg}", component=COMPONENT)
+            if code == "400" and self.endpoint.startswith("http://"):
+                # No S3 error code: the answer was not S3's. A TLS-only server (MinIO with certificates)
+                # answers a plain-HTTP request so.
+                return FatalError(f"{at}: the endpoint answered HTTP 400 without an S3 error: if it serves TLS only, "
+                                  "use an https:// s3.endpoint.url (and aws.ca.bundle for a private CA)", component=COMPONENT)
             if code in _CREDENTIAL_CODES:
                 return FatalError(f"{at}: credentials refused ({code}): check aws.access.key.id / aws.secret.access.key",
                                   component=COMPONENT)
@@ -150,8 +155,9 @@ class Bucket:
             if code == "NoSuchBucket":
                 return FatalError(f"{at}: bucket {self.name} does not exist (s3.bucket.name)", component=COMPONENT)
             return FatalError(f"{at}: {code} (HTTP {status}) {msg}", component=COMPONENT)
-        if isinstance(exc, SSLError) and isinstance(exc.kwargs.get("error"), ssl.SSLCertVerificationError):
-            why = exc.kwargs["error"].verify_message
+        cert = _cert_verification(exc) if isinstance(exc, SSLError) else None
+        if cert is not None:
+            why = cert.verify_message or cert.reason
             return FatalError(f"{op} {where}: TLS: the certificate of {self.endpoint} is not trusted ({why}): set aws.ca.bundle "
                               "to the CA file that signed it", component=COMPONENT)
         if isinstance(exc, (BotoConnectionError, HTTPClientError, IncompleteReadError)):
@@ -163,6 +169,21 @@ class Bucket:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _cert_verification(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification failure inside botocore's SSLError (wrapped by urllib3), if it is one."""
+    seen: set[int] = set()
+    todo: list[Any] = [exc]
+    while todo:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ssl.SSLCertVerificationError):
+            return e
+        todo += [e.__cause__, e.__context__, *e.args, *getattr(e, "kwargs", {}).values()]
+    return None
 
 
 def code_of(exc: ClientError) -> str:

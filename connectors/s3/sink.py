@@ -94,6 +94,10 @@ class S3Sink(BatchingSink):
         try:
             bucket.client.head_bucket(Bucket=bucket.name)
         except ClientError as exc:
+            if status_of(exc) == 403:
+                # HEAD carries no error body: "wrong secret" and "policy denies" both read 403. A listing
+                # of at most one key (the same s3:ListBucket) gets S3's reason, and its error names it.
+                bucket.call("list_objects_v2", None, MaxKeys=1)
             if status_of(exc) != 404:
                 raise bucket.error(exc, "head_bucket", None) from exc
             if not self.config["s3.bucket.create"]:
