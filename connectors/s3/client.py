@@ -126,9 +126,10 @@ class Bucket:
             if resp.get("Errors"):
                 e = resp["Errors"][0]
                 if e.get("Code") in _DENIED_CODES:
-                    raise FatalError(f"delete_objects s3://{self.name}/{e.get('Key')} at {self.endpoint}: access denied: "
-                                     f"s3:DeleteObject on s3://{self.name}/{e.get('Key')} is not allowed for aws.access.key.id "
-                                     f"(grant s3:DeleteObject on bucket {self.name} in its policy)", component=COMPONENT)
+                    raise FatalError(f"delete_objects s3://{self.name}/{e.get('Key')} at {self.endpoint}: access denied ({e.get('Code')}): "
+                                     f"s3:DeleteObject on s3://{self.name}/{e.get('Key')} is not allowed (grant s3:DeleteObject "
+                                     f"on bucket {self.name} to the user of aws.access.key.id, or in the policy of bucket "
+                                     f"{self.name})", component=COMPONENT)
                 raise RetryableError(f"delete s3://{self.name}/{e.get('Key')} failed: {e.get('Code')} {e.get('Message')}",
                                      component=COMPONENT)
 
@@ -146,12 +147,13 @@ class Bucket:
                 return FatalError(f"{at}: the endpoint answered HTTP 400 without an S3 error: if it serves TLS only, "
                                   "use an https:// s3.endpoint.url (and aws.ca.bundle for a private CA)", component=COMPONENT)
             if code in _CREDENTIAL_CODES:
-                return FatalError(f"{at}: credentials refused ({code}): check aws.access.key.id / aws.secret.access.key",
+                return FatalError(f"{at}: access denied ({code}): credentials refused: check aws.access.key.id / aws.secret.access.key",
                                   component=COMPONENT)
             if code in _DENIED_CODES:
                 action = ACTIONS.get(op, op)
-                return FatalError(f"{at}: access denied: {action} on {where} is not allowed for aws.access.key.id "
-                                  f"(grant {action} on bucket {self.name} in its policy)", component=COMPONENT)
+                return FatalError(f"{at}: access denied ({code}): {action} on {where} is not allowed (grant {action} on bucket "
+                                  f"{self.name} to the user of aws.access.key.id, or in the policy of bucket {self.name})",
+                                  component=COMPONENT)
             if code == "NoSuchBucket":
                 return FatalError(f"{at}: bucket {self.name} does not exist (s3.bucket.name)", component=COMPONENT)
             return FatalError(f"{at}: {code} (HTTP {status}) {msg}", component=COMPONENT)
