@@ -362,3 +362,56 @@ def test_s3_connection_without_tls_with_a_wrong_secret_or_an_untrusted_ca_is_ref
     assert isinstance(refused.value, expected[0]) and refused.value.component == "s3"
     assert expected[1] in message and len(message.splitlines()) == 1
     assert secure_material.password("s3.sink") not in message and "not-the-secret-key" not in message
+
+
+# -- Iceberg: SQL catalog in PostgreSQL as eosink_sink, warehouse in MinIO as eosink-sink ---------------
+def iceberg_config(stack: Endpoints, material: Material, unique: str, **overrides: Any) -> dict[str, Any]:
+    """The catalog through SQLAlchemy/psycopg2 (libpq): TLS verified, the password from the stack's pgpass."""
+    pg = stack.raw["postgres"] if stack.raw else {}
+    uri = (f"postgresql+psycopg2://{SINK_ROLE}@127.0.0.1:{stack.postgres_port}/eosink?sslmode=verify-full"
+           f"&sslrootcert={material.ca_cert}&passfile={pg['passfile']}")
+    return {"iceberg.catalog.uri": uri, "iceberg.catalog.name": "eosink", "iceberg.table": f"ns_{unique}.orders",
+            "iceberg.warehouse": f"s3://{SINK_BUCKET}/{unique.replace('_', '-')}", "commit.interval.ms": 60_000,
+            "s3.endpoint": stack.s3["endpoint_url"], "s3.region": stack.s3["region_name"], "s3.ca-bundle": str(material.ca_cert),
+            "s3.access-key-id": material.user("s3.sink"),
+            "s3.secret-access-key": resolve_providers(material.reference("s3.sink"), key="s3.secret-access-key"), **overrides}
+
+
+def test_iceberg_catalog_as_the_sink_role_and_warehouse_as_the_sink_user_deliver_exactly_once_across_a_crash(
+        secure_stack: Endpoints, secure_material: Material, s3_root: Any, pg_admin: psycopg.Connection[Any], unique: str) -> None:
+    from eosink.connectors.iceberg.sink import IcebergSink
+
+    config = iceberg_config(secure_stack, secure_material, unique)
+    sink = IcebergSink(unique, config)
+    try:
+        sink.open()
+        prepare(sink, f"{unique}.w.1.1", ids(0, 3, "orders"))
+        sink.commit(f"{unique}.w.1.1")
+        prepare(sink, f"{unique}.w.1.2", ids(3, 6, "orders"))
+        sink.close()  # the worker dies after pre_commit
+        survivor = IcebergSink(unique, config)
+        survivor.open()
+        assert [m.txn_id for m in survivor.recover()] == [f"{unique}.w.1.2"]
+        survivor.commit(f"{unique}.w.1.2")
+        table = survivor.tables.catalog().load_table(f"ns_{unique}.orders")
+        assert sorted(r["id"] for r in table.scan().to_arrow().to_pylist()) == list(range(6))
+        owners = pg_admin.execute("SELECT DISTINCT schemaname, tableowner FROM pg_tables WHERE tablename LIKE 'iceberg%'").fetchall()
+        assert owners == [(SINK_SCHEMA, SINK_ROLE)]  # the catalog lives in the sink role's own schema
+        survivor.tables.catalog().drop_table(f"ns_{unique}.orders")
+        survivor.tables.catalog().drop_namespace(f"ns_{unique}")
+        survivor.close()
+    finally:
+        for key in s3_keys(s3_root, unique.replace("_", "-") + "/"):
+            s3_root.delete_object(Bucket=SINK_BUCKET, Key=key)
+
+
+def test_iceberg_s3_endpoint_with_an_untrusted_certificate_is_refused_at_open_naming_s3_ca_bundle(
+        secure_stack: Endpoints, secure_material: Material, unique: str) -> None:
+    from eosink.connectors.iceberg.sink import IcebergSink
+
+    sink = IcebergSink(unique, iceberg_config(secure_stack, secure_material, unique, **{"s3.ca-bundle": None}))
+    with pytest.raises(FatalError) as refused:
+        sink.open()
+    message = str(refused.value)
+    assert refused.value.component == "iceberg" and "s3.ca-bundle" in message and "not trusted" in message
+    assert len(message.splitlines()) == 1
