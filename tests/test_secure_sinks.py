@@ -173,6 +173,39 @@ def test_postgres_revoked_privilege_is_named_with_its_object_and_nothing_is_writ
     assert prepared(pg_admin, unique) == [] and manifests(pg_admin, unique) == []
 
 
+def test_postgres_unix_socket_refuses_the_sink_role_and_lets_only_the_servers_os_account_be_admin(
+        secure_stack: Endpoints, secure_material: Material) -> None:
+    from eosink.worker.stack.components.postgres import Postgres
+    from eosink.worker.stack.layout import StackLayout
+
+    server = Postgres(StackLayout.for_home(secure_material.directory.parent.parent))
+    socket_dir, port = str(server.base_dir / "socket"), secure_stack.postgres_port
+    with pytest.raises(psycopg.OperationalError, match="no pg_hba.conf entry"):
+        psycopg.connect(host=socket_dir, port=port, dbname="eosink", user=SINK_ROLE,
+                        password=secure_material.password("postgres.sink"))
+    with pytest.raises(psycopg.OperationalError, match="Peer authentication failed"):  # we are not the server's OS account
+        psycopg.connect(host=socket_dir, port=port, dbname="eosink", user="eosink",
+                        password=secure_material.password("postgres.admin"))
+
+
+def test_postgres_sink_role_cannot_finish_a_transaction_another_role_prepared(
+        secure_stack: Endpoints, secure_material: Material, pg_admin: psycopg.Connection[Any], unique: str) -> None:
+    xid = pg_admin.xid(0, f"eosink:{unique}.admin", "")
+    admin_tx = psycopg.connect(secure_stack.postgres_dsn)
+    admin_tx.tpc_begin(xid)
+    admin_tx.execute("SELECT 1")
+    admin_tx.tpc_prepare()
+    admin_tx.close()
+    try:
+        with psycopg.connect(sink_url(secure_stack, secure_material), password=secure_material.password("postgres.sink"),
+                             autocommit=True) as conn:
+            assert [x.gtrid for x in conn.tpc_recover() if x.gtrid.startswith(f"eosink:{unique}")]  # listed to all ...
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied to finish prepared transaction"):
+                conn.tpc_rollback(xid)  # ... finished by its owner only
+    finally:
+        pg_admin.tpc_rollback(xid)
+
+
 @pytest.mark.parametrize(("url", "password", "names"), [
     ("plain", "right", "sslmode"),
     ("verified", "wrong", "connection.password"),
