@@ -142,7 +142,8 @@ def test_postgres_sink_role_delivers_exactly_once_across_a_crash_between_pre_com
 @pytest.mark.parametrize(("revoke", "grant", "named"), [
     ("REVOKE INSERT ON {table} FROM {role}", "GRANT INSERT ON {table} TO {role}", "INSERT on table {schema}.{name}"),
     ("REVOKE USAGE ON SCHEMA {schema_id} FROM {role}", "GRANT USAGE ON SCHEMA {schema_id} TO {role}", "USAGE on schema {schema}"),
-], ids=["insert-on-target", "usage-on-schema"])
+    ("REVOKE UPDATE ON {offsets} FROM {role}", "GRANT UPDATE ON {offsets} TO {role}", "UPDATE on table {schema}.eosink_offsets"),
+], ids=["insert-on-target", "usage-on-schema", "update-on-the-fence-table"])
 def test_postgres_revoked_privilege_is_named_with_its_object_and_nothing_is_written_or_left_prepared(
         make_pg_sink: Callable[..., PostgresSink], pg_admin: psycopg.Connection[Any], unique: str,
         revoke: str, grant: str, named: str) -> None:
@@ -151,6 +152,7 @@ def test_postgres_revoked_privilege_is_named_with_its_object_and_nothing_is_writ
     prepare(sink, f"{unique}.w.1.1", ids(0, 5, topic))
     sink.commit(f"{unique}.w.1.1")
     names = {"table": sql.Identifier(SINK_SCHEMA, table).as_string(pg_admin), "role": SINK_ROLE,
+             "offsets": sql.Identifier(SINK_SCHEMA, "eosink_offsets").as_string(pg_admin),
              "schema_id": sql.Identifier(SINK_SCHEMA).as_string(pg_admin), "schema": SINK_SCHEMA, "name": table}
     pg_admin.execute(revoke.format(**names))  # type: ignore[arg-type] - built from identifiers quoted above
     try:
@@ -170,6 +172,28 @@ def test_postgres_revoked_privilege_is_named_with_its_object_and_nothing_is_writ
     prepare(again, f"{unique}.w.1.3", ids(5, 10, topic))
     again.commit(f"{unique}.w.1.3")
     assert pg_ids(pg_admin, table) == list(range(10))
+    assert prepared(pg_admin, unique) == [] and manifests(pg_admin, unique) == []
+
+
+def test_postgres_revoked_create_on_the_schema_names_it_when_a_new_topic_needs_a_table_and_nothing_is_written(
+        make_pg_sink: Callable[..., PostgresSink], pg_admin: psycopg.Connection[Any], unique: str) -> None:
+    sink = make_pg_sink()
+    prepare(sink, f"{unique}.w.1.1", ids(0, 3, f"{unique}.a"))
+    sink.commit(f"{unique}.w.1.1")
+    schema = sql.Identifier(SINK_SCHEMA)
+    pg_admin.execute(sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(schema, sql.Identifier(SINK_ROLE)))
+    try:
+        with pytest.raises(FatalError, match=f"lacks CREATE on schema {SINK_SCHEMA}"):
+            prepare(sink, f"{unique}.w.1.2", ids(0, 3, f"{unique}.b"))  # a new topic: auto.create
+        assert prepared(pg_admin, unique) == []
+        exists = pg_admin.execute("SELECT to_regclass(%s)", (f"{SINK_SCHEMA}.{unique}_b",)).fetchone()
+        assert exists == (None,)
+    finally:
+        pg_admin.execute(sql.SQL("GRANT CREATE ON SCHEMA {} TO {}").format(schema, sql.Identifier(SINK_ROLE)))
+    sink.abort(f"{unique}.w.1.2")
+    prepare(sink, f"{unique}.w.1.3", ids(0, 3, f"{unique}.b"))
+    sink.commit(f"{unique}.w.1.3")
+    assert pg_ids(pg_admin, f"{unique}_a") == [0, 1, 2] and pg_ids(pg_admin, f"{unique}_b") == [0, 1, 2]
     assert prepared(pg_admin, unique) == [] and manifests(pg_admin, unique) == []
 
 
@@ -448,3 +472,29 @@ def test_iceberg_s3_endpoint_with_an_untrusted_certificate_is_refused_at_open_na
     message = str(refused.value)
     assert refused.value.component == "iceberg" and "s3.ca-bundle" in message and "not trusted" in message
     assert len(message.splitlines()) == 1
+
+
+def test_a_restart_of_postgres_and_minio_reasserts_the_sink_grants_and_policy_narrowed_by_hand(
+        secure_stack: Endpoints, secure_material: Material) -> None:
+    from botocore.exceptions import ClientError
+
+    from eosink.worker.stack import start_component, stop_component
+
+    home = secure_material.directory.parent.parent
+    with psycopg.connect(secure_stack.postgres_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(sql.Identifier(SINK_SCHEMA), sql.Identifier(SINK_ROLE)))
+    api = s3_secure.admin(secure_material, secure_stack.s3["endpoint_url"], secure_stack.s3["region_name"])
+    api.add_policy(s3_secure.SINK_POLICY, s3_secure.policy_document(object_actions=("s3:GetObject",)))
+    as_sink = boto3.client("s3", **secure_stack.s3, aws_access_key_id=secure_material.user("s3.sink"),
+                           aws_secret_access_key=secure_material.password("s3.sink"))
+    key = f"restart-probe-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(ClientError, match="AccessDenied"):
+        as_sink.put_object(Bucket=SINK_BUCKET, Key=key, Body=b"x")
+    for name in ("postgres", "s3"):
+        stop_component(name, home)
+        start_component(name, home)
+    with psycopg.connect(secure_stack.postgres_dsn, autocommit=True) as admin:
+        row = admin.execute("SELECT has_schema_privilege(%s, %s, 'CREATE')", (SINK_ROLE, SINK_SCHEMA)).fetchone()
+        assert row == (True,)
+    as_sink.put_object(Bucket=SINK_BUCKET, Key=key, Body=b"x")
+    as_sink.delete_object(Bucket=SINK_BUCKET, Key=key)
