@@ -24,11 +24,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from eosink.connectors.api.config import MASK
 from eosink.connectors.api.errors import EosinkError, FatalError
 from eosink.connectors.api.records import SinkRecord
 from eosink.connectors.postgres.sink import PostgresSink
 from eosink.connectors.s3.sink import S3Sink
-from eosink.worker.control.config import resolve_providers
+from eosink.worker.control.config import parse_connector, resolve_providers
 from eosink.worker.stack import Endpoints, s3_secure
 from eosink.worker.stack.secure import SINK_BUCKET, Material
 from tests.sinkkit import prepare, records
@@ -59,10 +60,12 @@ def make_pg_sink(secure_stack: Endpoints, secure_material: Material, unique: str
     made: list[PostgresSink] = []
 
     def make(**overrides: Any) -> PostgresSink:
-        config = {"connection.url": sink_url(secure_stack, secure_material),
-                  "connection.password": resolve_providers(secure_material.reference("postgres.sink"), key="connection.password"),
-                  **overrides}
-        sink = PostgresSink(unique, config)
+        registered = {"connector.class": "postgres", "topics": "orders", "connection.url": sink_url(secure_stack, secure_material),
+                      "connection.password": secure_material.reference("postgres.sink"), **overrides}
+        parsed = parse_connector(unique, registered)  # as the worker running it: ${file:...} resolved here
+        assert parsed.masked()["connection.password"] == MASK
+        sink = parsed.create_sinks()[0]
+        assert isinstance(sink, PostgresSink)
         made.append(sink)
         sink.open()
         return sink
@@ -273,7 +276,11 @@ def make_s3_sink(secure_stack: Endpoints, secure_material: Material, unique: str
     connector = unique.replace("_", "-")
 
     def make(**overrides: Any) -> S3Sink:
-        sink = S3Sink(connector, s3_config(secure_stack, secure_material, **overrides))
+        config = {**s3_config(secure_stack, secure_material, **overrides), "aws.secret.access.key": secure_material.reference("s3.sink")}
+        parsed = parse_connector(connector, {"connector.class": "s3", "topics": "orders", **config})  # ${file:...} resolved here
+        assert parsed.masked()["aws.secret.access.key"] == MASK
+        sink = parsed.create_sinks()[0]
+        assert isinstance(sink, S3Sink)
         made.append(sink)
         sink.open()
         return sink
