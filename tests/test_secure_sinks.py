@@ -14,7 +14,6 @@ redeliver what was not) and count: every id once.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -390,7 +389,6 @@ def test_s3_policy_without_one_action_names_the_action_and_bucket_and_no_object_
         assert visible in ([], [0, 1], [0, 1, 2, 3])  # whole txns or nothing: never a part of one
     finally:
         api.add_policy(s3_secure.SINK_POLICY, s3_secure.policy_document())
-    time.sleep(0.2)  # MinIO applies a policy change to its cache asynchronously
     # Restored: a new instance finishes as the engine would: the decided txns per their decision,
     # the undecided ones aborted, the records of what did not commit redelivered.
     sink = make_s3_sink()
