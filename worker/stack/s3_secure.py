@@ -10,21 +10,22 @@ by hand (a test proving what the sink needs does that) is whole again after ``st
 :data:`SINK_BUCKET_ACTIONS` / :data:`SINK_OBJECT_ACTIONS` are what the S3 sink calls, each one
 measured by removing it (``tests/test_secure_sinks.py``):
 
-================================  =========================================  ===========================
-action                            S3 calls of the sink                        without it
-================================  =========================================  ===========================
-s3:ListBucket                     HeadBucket at open, ListObjectsV2 (recover  open fails: access denied
-                                  lists ``__pending__/``, prepare the fence)
-s3:ListBucketMultipartUploads     ListMultipartUploads (recover)              recover fails
-s3:PutObject                      PutObject (txn ``.json``, epochs),          prepare fails
+================================  =========================================  ==================================
+action                            S3 calls of the sink                       first refusal without it (measured)
+================================  =========================================  ==================================
+s3:ListBucket                     HeadBucket at open, ListObjectsV2          open (HeadBucket)
+                                  (recover's ``__pending__/``, the fence)
+s3:ListBucketMultipartUploads     ListMultipartUploads (recover)             recover
+s3:PutObject                      PutObject (txn ``.json``, epochs),         prepare (CreateMultipartUpload)
                                   CreateMultipartUpload, UploadPart,
                                   CompleteMultipartUpload
-s3:GetObject                      GetObject (txn ``.json``, epochs),          prepare/recover fail
+s3:GetObject                      GetObject (txn ``.json``, epochs),         commit (reading the epoch object)
                                   HeadObject (idempotent commit)
-s3:DeleteObject                   DeleteObjects (the ``.json`` after commit)  commit's tidy-up fails
-s3:AbortMultipartUpload           AbortMultipartUpload (abort, fence)         abort fails
-s3:ListMultipartUploadParts       ListParts (commit by another instance)      recovered commit fails
-================================  =========================================  ===========================
+s3:DeleteObject                   DeleteObjects (a txn's ``.json``)          abort; after a commit the tidy-up
+                                                                             is only logged, recover retries it
+s3:AbortMultipartUpload           AbortMultipartUpload (abort, fence)        abort
+s3:ListMultipartUploadParts       ListParts (commit by another instance)     commit of a recovered txn
+================================  =========================================  ==================================
 
 Not granted: CreateBucket, DeleteBucket, bucket policy/ACL/lifecycle calls, and every other bucket.
 """
