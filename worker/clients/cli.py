@@ -42,6 +42,13 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
             help="Kafka bootstrap servers")
     setting(p, "--zookeeper", kind=typed.ZK_HOSTS, env="EOSINK_ZOOKEEPER", default=d["zookeeper"], help="ZooKeeper hosts")
     setting(p, "--cluster", kind=typed.WORD, env="EOSINK_CLUSTER", default="default", help="cluster name")
+    from eosink.worker.clients import zk_auth
+
+    zk_auth.add_args(p, zk_auth.stack_defaults())
+    setting(p, "--zookeeper-lock-open-tree", kind=typed.choice("true", "false"), env="EOSINK_ZOOKEEPER_LOCK_OPEN_TREE",
+            default="false", metavar="true|false",
+            help="once, with --zookeeper-user: take over a cluster tree left open to anyone by a run without "
+                 "credentials (after checking its connectors), instead of refusing to start")
 
 
 #: Kafka client settings a worker passes through to every consumer, producer and admin client.
@@ -72,6 +79,7 @@ def _require(value: str, what: str, flag: str, env: str) -> str:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from eosink.worker.clients import zk_auth
     from eosink.worker.control.rest.auth import RestAuth
     from eosink.worker.control.runner import Worker, WorkerOptions
     from eosink.worker.logging import configure, get_logger, register_secret
@@ -95,6 +103,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         rest_advertised_url=args.rest_advertised_url,
         rest_auth=auth,
         kafka=kafka,
+        zookeeper_credentials=zk_auth.credentials(args),
+        zookeeper_lock_open_tree=args.zookeeper_lock_open_tree == "true",
     )
     get_logger("eosink.worker.clients.cli").info("worker_configuring", cluster=opts.cluster, bootstrap=opts.bootstrap,
                                   zookeeper=opts.zookeeper, rest=f"{opts.rest_host}:{opts.rest_port}" if opts.rest_port else "off",
