@@ -106,3 +106,16 @@ def _password(args: argparse.Namespace) -> tuple[str, str]:
                               source="zookeeper settings") from None
         return (lines[0].strip() if lines else ""), f"file {path}"
     return env, "environment"
+
+
+def stack_credentials() -> ZkCredentials | None:
+    """The local secure stack's credentials for cluster ``default``, resolved (None for an open stack)."""
+    from eosink.worker.control.config import resolve_providers
+    from eosink.worker.logging import register_secret
+
+    _, user, reference = stack_defaults()
+    if not user:
+        return None
+    password = resolve_providers(reference, key="zookeeper.password", source="the local stack's credentials")
+    register_secret(password)
+    return ZkCredentials(user, password)
