@@ -12,7 +12,10 @@ with one line naming ``zookeeper``, the path and the settings.
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -343,3 +346,32 @@ def test_cluster_tree_left_open_is_refused_until_taken_over_explicitly(secure_st
         assert again.proc.poll() is None, again.log_text()[-2000:]
     finally:
         assert again.stop() == 0
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "eosink.worker.clients.cli", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **env})
+
+
+def test_cli_direct_mode_writes_the_tree_only_with_the_owners_credentials(secured_run, owner_zk, tmp_path):
+    config = tmp_path / "direct.json"
+    config.write_text(json.dumps({"name": "direct", "config": {"connector.class": "filesystem", "topics": "t-none",
+                                                               "file.path": str(tmp_path)}}))
+    base = ["connectors", "--zookeeper", secured_run.hosts, "--cluster", secured_run.cluster]
+    no_stack = {"EOSINK_HOME": str(tmp_path / "no-stack")}
+    wrong = secrets.token_urlsafe(24)
+    refused = _cli(*base, "apply", str(config), env={**no_stack, **_owner_env(wrong)})
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert f"[zookeeper] not authorized for {secured_run.root} as user eosink" in lines[0] and wrong not in refused.stderr
+    assert not owner_zk.exists(paths.connector(secured_run.root, "direct"))
+    # The owner's credentials, the password from a file holding a ${file:...} reference.
+    password_file = tmp_path / "zk-password"
+    password_file.write_text(secured_run.password_ref + "\n")
+    applied = _cli(*base, "--zookeeper-user", "eosink", "--zookeeper-password-file", str(password_file), "apply", str(config),
+                   env=no_stack)
+    assert applied.returncode == 0, applied.stderr
+    assert json.loads(owner_zk.get(paths.connector_config(secured_run.root, "direct"))[0])["topics"] == "t-none"
+    listed = _cli(*base, "list", env={**no_stack, **_owner_env(secured_run.password_ref)})
+    assert listed.returncode == 0 and "direct" in listed.stdout.split(), listed.stderr
+    owner_zk.delete(paths.connector(secured_run.root, "direct"), recursive=True)
