@@ -375,3 +375,43 @@ def test_cli_direct_mode_writes_the_tree_only_with_the_owners_credentials(secure
     listed = _cli(*base, "list", env={**no_stack, **_owner_env(secured_run.password_ref)})
     assert listed.returncode == 0 and "direct" in listed.stdout.split(), listed.stderr
     owner_zk.delete(paths.connector(secured_run.root, "direct"), recursive=True)
+
+
+def test_acls_keep_a_cluster_where_zookeeper_admits_anonymous_sessions_and_open_clusters_still_run_beside(stack, tmp_path):
+    """The open stack's ZooKeeper enforces no authentication: the ACLs alone keep the tree (in a chroot of its own,
+    so ``/eosink`` is made here, by a worker with credentials)."""
+    chroot = f"/zkacl_{uuid.uuid4().hex[:8]}"
+    plain = _client(stack.zookeeper_hosts)
+    plain.create(chroot)
+    _close(plain)
+    hosts = f"{stack.zookeeper_hosts}{chroot}"
+    owner = ZkCredentials("eosink-a", secrets.token_urlsafe(24))
+    session = ZkSession(hosts, "a", credentials=owner).start()
+    try:
+        from eosink.worker.control.store import ConnectorStore
+
+        ConnectorStore(session).put("held", {"connector.class": "filesystem", "topics": "t-none", "file.path": str(tmp_path)})
+        config = paths.connector_config(session.root, "held")
+        before = session.client.get(config)
+        # No credentials at all, on a server that lets the session in: every attempt refused by the ACLs.
+        anonymous = _client(hosts)
+        try:
+            for attack in _attacks(config).values():
+                with pytest.raises(NoAuthError):
+                    attack(anonymous)
+        finally:
+            _close(anonymous)
+        after = session.client.get(config)
+        assert after[0] == before[0] and after[1].mzxid == before[1].mzxid
+    finally:
+        session.stop()
+    # A worker without credentials is stopped with one line naming the path and the settings.
+    w = WorkerProcess(stack, "a", "anon-w1", tmp_path, zookeeper=hosts, extra_env={"EOSINK_HOME": str(tmp_path / "no-stack")})
+    rc = w.wait(60)
+    _assert_one_line(_log(w), rc, "not authorized for /eosink/a without credentials", owner.password)
+    # An open cluster still starts beside it, under the /eosink that admits nothing but creating a root.
+    open_session = ZkSession(hosts, "b").start()
+    try:
+        assert open_session.client.get_acls(open_session.root)[0] == list(OPEN_ACL_UNSAFE)
+    finally:
+        open_session.stop()

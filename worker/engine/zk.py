@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError, SessionClosedRequireSaslError
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.security import ACL, ANYONE_ID_UNSAFE, Permissions, make_digest_acl
+from kazoo.security import ACL, ANYONE_ID_UNSAFE, OPEN_ACL_UNSAFE, Permissions, make_digest_acl
 
 from eosink.connectors.api.errors import CoordinatorUnavailableError, FatalError
 from eosink.worker import paths
@@ -134,10 +134,14 @@ class ZkSession:
     def _ensure_root(self, lock_open_tree: bool) -> None:
         try:
             if self.credentials is None:
-                self.client.ensure_path(self.root)
+                # Open to anyone, as before credentials existed; created without ensure_path, whose
+                # exists("/eosink") a parent made by a worker with credentials refuses.
+                _create(self.client, paths.ROOT, OPEN_ACL_UNSAFE)
+                _create(self.client, self.root, OPEN_ACL_UNSAFE)
                 self.client.get(self.root)  # a tree protected by ACLs refuses even this
                 return
             _create(self.client, paths.ROOT, TOP_ACL)
+            self._warn_if_parent_open()
             _create(self.client, self.root, self.credentials.acl)
             acls, _ = self.client.get_acls(self.root)
             if any(a.id == ANYONE_ID_UNSAFE and a.perms for a in acls):
@@ -156,10 +160,25 @@ class ZkSession:
                 f"ZooKeeper at {self.hosts} requires authentication and closed the session before {self.root} "
                 f"could be read: no credentials given (set {CREDENTIAL_SETTINGS})", component="zookeeper") from None
         except NoAuthError:
-            who = f"user {self.credentials.user}" if self.credentials else "a session without credentials"
+            if self.credentials is None:
+                raise CoordinatorAuthError(
+                    f"not authorized for {self.root} without credentials: its ACLs admit one principal (set {CREDENTIAL_SETTINGS})",
+                    component="zookeeper") from None
             raise CoordinatorAuthError(
-                f"not authorized for {self.root} as {who}: a wrong password, or the tree belongs to another principal "
-                f"(check {CREDENTIAL_SETTINGS})", component="zookeeper") from None
+                f"not authorized for {self.root} as user {self.credentials.user}: a wrong password, or the tree belongs to "
+                f"another principal (check {CREDENTIAL_SETTINGS})", component="zookeeper") from None
+
+    def _warn_if_parent_open(self) -> None:
+        """``/eosink`` made by a run without credentials lets anyone re-ACL it and so stop new clusters from being
+        created (never touch an existing one: deleting or changing a cluster's root needs that cluster's ACLs).
+        Worth a warning, not a refusal: only ZooKeeper's super user can change it."""
+        try:
+            acls, _ = self.client.get_acls(paths.ROOT)
+        except NoAuthError:
+            return  # TOP_ACL: not even readable
+        if any(a.id == ANYONE_ID_UNSAFE and a.perms & ~Permissions.CREATE for a in acls):
+            log.warning("zookeeper_parent_open", path=paths.ROOT,
+                        fix=f"as ZooKeeper's super user: setAcl {paths.ROOT} world:anyone:c")
 
     def stop(self) -> None:
         self._stopping = True  # a LOST state from our own close is not news
