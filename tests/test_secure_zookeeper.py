@@ -1,4 +1,4 @@
-"""ZooKeeper locked down: digest authentication required, every znode of a cluster its principal's alone.
+"""ZooKeeper locked down: TLS only, digest authentication required, every znode of a cluster its principal's alone.
 
 One real worker, authenticated as the stack's ZooKeeper principal, runs a connector end to end on
 the secure stack (the filesystem sink, counted: every id once). Then, on the tree it left behind,
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, SessionClosedRequireSaslError
+from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.security import OPEN_ACL_UNSAFE, make_digest_acl
 
 from eosink.connectors.api.records import TopicPartition
@@ -51,6 +53,7 @@ class SecuredRun:
     topic: str
     owner: ZkCredentials
     password_ref: str
+    ca_file: str
     committed: set[str]
     delivered: list[str]
 
@@ -64,8 +67,9 @@ class SecuredRun:
         }
 
 
-def _client(hosts: str, creds: ZkCredentials | None = None) -> KazooClient:
-    c = KazooClient(hosts=hosts, timeout=10, auth_data=creds.auth_data if creds else None)
+def _client(hosts: str, creds: ZkCredentials | None = None, ca: str | None = None) -> KazooClient:
+    c = KazooClient(hosts=hosts, timeout=10, auth_data=creds.auth_data if creds else None, use_ssl=ca is not None, ca=ca,
+                    check_hostname=ca is not None)
     c.start(timeout=20)
     return c
 
@@ -115,12 +119,12 @@ def _log(w: WorkerProcess) -> str:
     return w.log_path.read_text(errors="replace")
 
 
-def _owner_env(run_or_ref: str, user: str = "eosink") -> dict[str, str]:
-    return {"EOSINK_ZOOKEEPER_USER": user, "EOSINK_ZOOKEEPER_PASSWORD": run_or_ref}
+def _owner_env(password: str, user: str, ca: str) -> dict[str, str]:
+    return {"EOSINK_ZOOKEEPER_USER": user, "EOSINK_ZOOKEEPER_PASSWORD": password, "EOSINK_ZOOKEEPER_CA_FILE": ca}
 
 
 @pytest.fixture(scope="module")
-def secured_run(secure_stack, secure_material, tmp_path_factory) -> Iterator[SecuredRun]:
+def secured_run(secure_stack, secure_material, secure_zookeeper_env, tmp_path_factory) -> Iterator[SecuredRun]:
     """A worker with the stack's ZooKeeper credentials delivers a topic end to end, then stops."""
     tmp = tmp_path_factory.mktemp("secure-zk")
     tag = uuid.uuid4().hex[:8]
@@ -128,8 +132,9 @@ def secured_run(secure_stack, secure_material, tmp_path_factory) -> Iterator[Sec
     admin = AdminClient({"bootstrap.servers": secure_stack.kafka_bootstrap})
     admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])[topic].result(30)
     owner = ZkCredentials(secure_material.user("zookeeper"), secure_material.password("zookeeper"))
-    ref = secure_material.reference("zookeeper")  # the worker resolves ${file:...} itself
-    session = ZkSession(secure_stack.zookeeper_hosts, cluster, credentials=owner).start()
+    ref = secure_zookeeper_env["EOSINK_ZOOKEEPER_PASSWORD"]  # a ${file:...} reference: the worker resolves it
+    ca = str(secure_material.ca_cert)
+    session = ZkSession(secure_stack.zookeeper_hosts, cluster, credentials=owner, ca_file=ca).start()
     try:
         from eosink.worker.control.store import ConnectorStore
 
@@ -138,7 +143,7 @@ def secured_run(secure_stack, secure_material, tmp_path_factory) -> Iterator[Sec
     finally:
         session.stop()
     committed, aborted = _publish(secure_stack.kafka_bootstrap, topic, txns=6, per_txn=50)
-    worker = WorkerProcess(secure_stack, cluster, WORKER, tmp, extra_env=_owner_env(ref))
+    worker = WorkerProcess(secure_stack, cluster, WORKER, tmp, extra_env=secure_zookeeper_env)
     try:
         wait_until(lambda: len(set(_file_ids(tmp / "out", connector))) >= len(committed) or worker.proc.poll() is not None,
                    120, f"delivery of {len(committed)} records")
@@ -152,13 +157,13 @@ def secured_run(secure_stack, secure_material, tmp_path_factory) -> Iterator[Sec
     delivered = _file_ids(tmp / "out", connector)
     assert not set(delivered) & aborted
     admin.delete_topics([topic])
-    yield SecuredRun(secure_stack.zookeeper_hosts, cluster, paths.cluster_root(cluster), connector, topic, owner, ref,
+    yield SecuredRun(secure_stack.zookeeper_hosts, cluster, paths.cluster_root(cluster), connector, topic, owner, ref, ca,
                      committed, delivered)
 
 
 @pytest.fixture
 def owner_zk(secured_run) -> Iterator[KazooClient]:
-    c = _client(secured_run.hosts, secured_run.owner)
+    c = _client(secured_run.hosts, secured_run.owner, secured_run.ca_file)
     yield c
     _close(c)
 
@@ -203,7 +208,7 @@ def _assert_refused_and_unchanged(run: SecuredRun, owner_zk: KazooClient, intrud
     before = owner_zk.get(path)
     acl_before = owner_zk.get_acls(path)
     children_before = owner_zk.get_children(path.rsplit("/", 1)[0])
-    c = _client(run.hosts, intruder)
+    c = _client(run.hosts, intruder, run.ca_file)
     try:
         with pytest.raises(refusal):
             _attacks(path)[op](c)
@@ -238,7 +243,7 @@ def test_client_with_the_owners_name_and_a_wrong_password_is_refused_and_changes
 def test_shared_parent_lets_anyone_create_a_cluster_root_but_not_list_reacl_or_delete_a_cluster(secured_run):
     # ``/eosink`` itself is deletable only when empty (its parent ``/`` is ZooKeeper's, open): it never is.
     intruder = ZkCredentials("intruder", secrets.token_urlsafe(16))
-    c = _client(secured_run.hosts, intruder)
+    c = _client(secured_run.hosts, intruder, secured_run.ca_file)
     try:
         for attack in (lambda: c.get_children(paths.ROOT), lambda: c.get(paths.ROOT),
                        lambda: c.set_acls(paths.ROOT, OPEN_ACL_UNSAFE), lambda: c.delete(secured_run.root),
@@ -253,13 +258,13 @@ def test_worker_of_another_cluster_with_its_own_credentials_runs_beside_but_cann
         secure_stack, secured_run, owner_zk, tmp_path):
     other = ZkCredentials(f"eosink-other-{uuid.uuid4().hex[:6]}", secrets.token_urlsafe(24))
     other_cluster = f"{secured_run.cluster}-other"
-    env = _owner_env(other.password, other.user)
+    env = _owner_env(other.password, other.user, secured_run.ca_file)
     # Its own cluster: it creates /eosink/<its cluster> beside the first one's and runs.
     w = WorkerProcess(secure_stack, other_cluster, "other-w1", tmp_path, extra_env=env)
     try:
         wait_until(lambda: w.proc.poll() is not None or '"worker_started"' in w.log_text(), 60, "the other cluster's worker")
         assert w.proc.poll() is None, w.log_text()[-2000:]
-        c = _client(secured_run.hosts, other)
+        c = _client(secured_run.hosts, other, secured_run.ca_file)
         try:
             assert c.exists(paths.worker(paths.cluster_root(other_cluster), "other-w1"))
         finally:
@@ -287,14 +292,15 @@ def _assert_one_line(log: str, rc: int, expect: str, secret: str) -> None:
 def test_worker_with_a_wrong_password_exits_with_one_line_naming_zookeeper_the_path_and_the_setting(
         secure_stack, secured_run, tmp_path):
     wrong = secrets.token_urlsafe(24)
-    w = WorkerProcess(secure_stack, secured_run.cluster, "wrong-pw", tmp_path, extra_env=_owner_env(wrong))
+    w = WorkerProcess(secure_stack, secured_run.cluster, "wrong-pw", tmp_path, extra_env=_owner_env(wrong, "eosink", secured_run.ca_file))
     rc = w.wait(60)
     _assert_one_line(_log(w), rc, f"not authorized for {secured_run.root} as user eosink", wrong)
 
 
 def test_worker_without_credentials_exits_with_one_line_naming_zookeeper_and_the_setting(secure_stack, secured_run, tmp_path):
     # EOSINK_HOME of no stack: the secure stack's own credentials are not picked up as defaults.
-    env = {"EOSINK_HOME": str(tmp_path / "no-stack"), "EOSINK_ZOOKEEPER_USER": "", "EOSINK_ZOOKEEPER_PASSWORD": ""}
+    env = {"EOSINK_HOME": str(tmp_path / "no-stack"), "EOSINK_ZOOKEEPER_USER": "", "EOSINK_ZOOKEEPER_PASSWORD": "",
+           "EOSINK_ZOOKEEPER_CA_FILE": secured_run.ca_file}
     w = WorkerProcess(secure_stack, secured_run.cluster, "no-creds", tmp_path, extra_env=env)
     rc = w.wait(60)
     _assert_one_line(_log(w), rc, f"requires authentication and closed the session before {secured_run.root}",
@@ -308,14 +314,14 @@ def test_cluster_tree_left_open_is_refused_until_taken_over_explicitly(secure_st
     config = paths.connector_config(root, "left-open")
     # What a worker without credentials leaves: every znode open to anyone (made here on a session
     # of some digest user, as the server admits no anonymous session).
-    c = _client(secured_run.hosts, ZkCredentials("earlier-open-run", secrets.token_urlsafe(16)))
+    c = _client(secured_run.hosts, ZkCredentials("earlier-open-run", secrets.token_urlsafe(16)), secured_run.ca_file)
     try:
         for p in (root, paths.connectors(root), paths.connector(root, "left-open")):
             c.create(p, acl=OPEN_ACL_UNSAFE)  # not makepath: it asks exists("/eosink"), which nobody may
         c.create(config, b'{"connector.class": "filesystem"}', acl=OPEN_ACL_UNSAFE)
     finally:
         _close(c)
-    env = _owner_env(secured_run.password_ref)
+    env = _owner_env(secured_run.password_ref, "eosink", secured_run.ca_file)
     refused = WorkerProcess(secure_stack, cluster, "open-w1", tmp_path, extra_env=env)
     rc = refused.wait(60)
     log = _log(refused)
@@ -331,7 +337,7 @@ def test_cluster_tree_left_open_is_refused_until_taken_over_explicitly(secure_st
         assert '"zookeeper_tree_locked"' in w.log_text()
     finally:
         assert w.stop() == 0
-    intruder = _client(secured_run.hosts, ZkCredentials("intruder", secrets.token_urlsafe(16)))
+    intruder = _client(secured_run.hosts, ZkCredentials("intruder", secrets.token_urlsafe(16)), secured_run.ca_file)
     try:
         for attack in (lambda: intruder.get(config), lambda: intruder.set(config, b"{}"), lambda: intruder.delete(config),
                        lambda: intruder.set_acls(root, OPEN_ACL_UNSAFE)):
@@ -358,9 +364,9 @@ def test_cli_direct_mode_writes_the_tree_only_with_the_owners_credentials(secure
     config.write_text(json.dumps({"name": "direct", "config": {"connector.class": "filesystem", "topics": "t-none",
                                                                "file.path": str(tmp_path)}}))
     base = ["connectors", "--zookeeper", secured_run.hosts, "--cluster", secured_run.cluster]
-    no_stack = {"EOSINK_HOME": str(tmp_path / "no-stack")}
+    no_stack = {"EOSINK_HOME": str(tmp_path / "no-stack"), "EOSINK_ZOOKEEPER_CA_FILE": secured_run.ca_file}
     wrong = secrets.token_urlsafe(24)
-    refused = _cli(*base, "apply", str(config), env={**no_stack, **_owner_env(wrong)})
+    refused = _cli(*base, "apply", str(config), env={**no_stack, **_owner_env(wrong, "eosink", secured_run.ca_file)})
     lines = refused.stderr.strip().splitlines()
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr
     assert f"[zookeeper] not authorized for {secured_run.root} as user eosink" in lines[0] and wrong not in refused.stderr
@@ -372,7 +378,7 @@ def test_cli_direct_mode_writes_the_tree_only_with_the_owners_credentials(secure
                    env=no_stack)
     assert applied.returncode == 0, applied.stderr
     assert json.loads(owner_zk.get(paths.connector_config(secured_run.root, "direct"))[0])["topics"] == "t-none"
-    listed = _cli(*base, "list", env={**no_stack, **_owner_env(secured_run.password_ref)})
+    listed = _cli(*base, "list", env={**no_stack, **_owner_env(secured_run.password_ref, "eosink", secured_run.ca_file)})
     assert listed.returncode == 0 and "direct" in listed.stdout.split(), listed.stderr
     owner_zk.delete(paths.connector(secured_run.root, "direct"), recursive=True)
 
@@ -415,3 +421,28 @@ def test_acls_keep_a_cluster_where_zookeeper_admits_anonymous_sessions_and_open_
         assert open_session.client.get_acls(open_session.root)[0] == list(OPEN_ACL_UNSAFE)
     finally:
         open_session.stop()
+
+
+def test_secure_zookeeper_refuses_plaintext_and_a_worker_without_tls_exits_with_one_line(secure_stack, secured_run, tmp_path):
+    host, port = secured_run.hosts.split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:  # a 4lw in plaintext: no answer
+        s.sendall(b"ruok")
+        s.shutdown(socket.SHUT_WR)
+        try:
+            answer = s.recv(4096)
+        except OSError:
+            answer = b""
+    assert b"imok" not in answer
+    plain = KazooClient(hosts=secured_run.hosts, auth_data=secured_run.owner.auth_data)
+    with pytest.raises(KazooTimeoutError):
+        plain.start(timeout=5)
+    _close(plain)
+    env = {"EOSINK_HOME": str(tmp_path / "no-stack"), "EOSINK_ZOOKEEPER_USER": "eosink",
+           "EOSINK_ZOOKEEPER_PASSWORD": secured_run.password_ref, "EOSINK_ZOOKEEPER_CA_FILE": ""}
+    w = WorkerProcess(secure_stack, secured_run.cluster, "no-tls", tmp_path, extra_env=env)
+    rc = w.wait(90)
+    log = _log(w)
+    errors = [line for line in log.splitlines() if line.startswith("eosink: error:")]
+    assert rc == 2 and len(errors) == 1, log[-2000:]
+    assert f"[zookeeper] cannot connect to ZooKeeper at {secured_run.hosts} without TLS" in errors[0]
+    assert "--zookeeper-ca-file" in errors[0] and "Traceback" not in log

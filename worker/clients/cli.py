@@ -104,6 +104,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         rest_auth=auth,
         kafka=kafka,
         zookeeper_credentials=zk_auth.credentials(args),
+        zookeeper_ca_file=zk_auth.ca_file(args),
         zookeeper_lock_open_tree=args.zookeeper_lock_open_tree == "true",
     )
     get_logger("eosink.worker.clients.cli").info("worker_configuring", cluster=opts.cluster, bootstrap=opts.bootstrap,

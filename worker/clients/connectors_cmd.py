@@ -120,7 +120,7 @@ def _direct(args: argparse.Namespace) -> int:
     from eosink.worker.engine.zk import ZkSession
 
     configs = [load_connector_file(f, resolve=False) for f in _files(args.files)] if args.action == "apply" else []
-    session = ZkSession(args.zookeeper, args.cluster, credentials=zk_auth.credentials(args)).start()
+    session = ZkSession(args.zookeeper, args.cluster, credentials=zk_auth.credentials(args), ca_file=zk_auth.ca_file(args)).start()
     try:
         store = ConnectorStore(session)
         if args.action == "apply":

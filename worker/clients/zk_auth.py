@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from eosink.connectors.api.errors import ConfigError
@@ -31,8 +32,18 @@ def _user(raw: str) -> str:
 USER = typed.Kind(_user, "a user name without spaces or ':'")
 
 
-def stack_defaults() -> tuple[str, str, str]:
-    """(hosts, user, password reference) of the local stack's ZooKeeper when that stack is secure, else empty.
+@dataclass(frozen=True)
+class StackZooKeeper:
+    """The local stack's ZooKeeper security, when that stack is secure (all empty otherwise)."""
+
+    hosts: str = ""
+    user: str = ""
+    password_ref: str = ""  # a ${file:...} reference into credentials.properties, never the password
+    ca_file: str = ""
+
+
+def stack_defaults() -> StackZooKeeper:
+    """The local secure stack's ZooKeeper user, password reference and CA, for defaults.
 
     Lets ``eosink worker`` against ``eosink stack up --secure`` need no credential settings, as it
     needs no address; used only for the stack's own address, so they never go to another server.
@@ -43,25 +54,46 @@ def stack_defaults() -> tuple[str, str, str]:
         ep = load_endpoints()
         zk = (ep.raw or {}).get("zookeeper", {})
         if ep.security and zk.get("user") and zk.get("password_key"):
-            return ep.zookeeper_hosts, zk["user"], f"${{file:{ep.security['credentials_file']}:{zk['password_key']}}}"
+            return StackZooKeeper(ep.zookeeper_hosts, zk["user"], f"${{file:{ep.security['credentials_file']}:{zk['password_key']}}}",
+                                  zk.get("ca_file", "") if zk.get("tls") else "")
     except Exception:  # noqa: BLE001 - no local stack, or an open one: the settings must say
         pass
-    return "", "", ""
+    return StackZooKeeper()
 
 
-def add_args(p: argparse.ArgumentParser, defaults: tuple[str, str, str] = ("", "", "")) -> None:
-    """``--zookeeper-user`` and ``--zookeeper-password-file`` (the password itself: ``EOSINK_ZOOKEEPER_PASSWORD``).
+def add_args(p: argparse.ArgumentParser, defaults: StackZooKeeper | None = None) -> None:
+    """``--zookeeper-user``, ``--zookeeper-password-file`` (the password itself: ``EOSINK_ZOOKEEPER_PASSWORD``)
+    and ``--zookeeper-ca-file``.
 
     ``defaults``: :func:`stack_defaults`, applied when ``--zookeeper`` is the local stack's address.
     """
-    hosts, user_default, password_default = defaults
     setting(p, "--zookeeper-user", kind=USER, env="EOSINK_ZOOKEEPER_USER", default="",
             help="ZooKeeper digest user: authenticate as it, and create every znode of the cluster readable and writable "
                  f"by it alone; its password comes from {PASSWORD_ENV} or --zookeeper-password-file (either may be "
                  "${env:VAR} or ${file:/path:key})")
     setting(p, "--zookeeper-password-file", kind=typed.TEXT, env="EOSINK_ZOOKEEPER_PASSWORD_FILE", default="",
             help="file holding the ZooKeeper password (its first line), instead of " + PASSWORD_ENV)
-    p.set_defaults(zookeeper_stack_defaults=(hosts, user_default, password_default))
+    setting(p, "--zookeeper-ca-file", kind=typed.TEXT, env="EOSINK_ZOOKEEPER_CA_FILE", default="",
+            help="connect to ZooKeeper over TLS, verifying its certificate (and host name) against this CA (PEM)")
+    p.set_defaults(zookeeper_stack_defaults=defaults or StackZooKeeper())
+
+
+def _stack(args: argparse.Namespace) -> StackZooKeeper:
+    """The stack's defaults when ``--zookeeper`` is the stack's own address, else none."""
+    d: StackZooKeeper = getattr(args, "zookeeper_stack_defaults", None) or StackZooKeeper()
+    return d if d.hosts and getattr(args, "zookeeper", None) == d.hosts else StackZooKeeper()
+
+
+def ca_file(args: argparse.Namespace) -> str | None:
+    """The CA to verify ZooKeeper's TLS certificate against (None: plaintext); it must be readable."""
+    path = args.zookeeper_ca_file or _stack(args).ca_file
+    if not path:
+        return None
+    try:
+        Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}", key="--zookeeper-ca-file", source="zookeeper settings") from None
+    return path
 
 
 def credentials(args: argparse.Namespace) -> ZkCredentials | None:
@@ -71,9 +103,9 @@ def credentials(args: argparse.Namespace) -> ZkCredentials | None:
 
     user = args.zookeeper_user or ""
     raw, source = _password(args)
-    hosts, stack_user, stack_password = getattr(args, "zookeeper_stack_defaults", ("", "", ""))
-    if not user and not raw and hosts and getattr(args, "zookeeper", None) == hosts:
-        user, raw, source = stack_user, stack_password, "the local stack's credentials"
+    stack = _stack(args)
+    if not user and not raw and stack.user:
+        user, raw, source = stack.user, stack.password_ref, "the local stack's credentials"
     if not user and not raw:
         return None
     if not user:
@@ -108,14 +140,14 @@ def _password(args: argparse.Namespace) -> tuple[str, str]:
     return env, "environment"
 
 
-def stack_credentials() -> ZkCredentials | None:
-    """The local secure stack's credentials for cluster ``default``, resolved (None for an open stack)."""
+def stack_security() -> tuple[ZkCredentials | None, str | None]:
+    """The local secure stack's credentials for cluster ``default`` (resolved) and its CA; (None, None) when open."""
     from eosink.worker.control.config import resolve_providers
     from eosink.worker.logging import register_secret
 
-    _, user, reference = stack_defaults()
-    if not user:
-        return None
-    password = resolve_providers(reference, key="zookeeper.password", source="the local stack's credentials")
+    stack = stack_defaults()
+    if not stack.user:
+        return None, None
+    password = resolve_providers(stack.password_ref, key="zookeeper.password", source="the local stack's credentials")
     register_secret(password)
-    return ZkCredentials(user, password)
+    return ZkCredentials(stack.user, password), stack.ca_file or None

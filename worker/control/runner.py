@@ -57,6 +57,8 @@ class WorkerOptions:
     #: The digest principal this worker authenticates to ZooKeeper as; every znode it creates is that
     #: principal's alone (:mod:`eosink.worker.engine.zk`). None: no authentication, znodes open to anyone.
     zookeeper_credentials: ZkCredentials | None = None
+    #: Connect to ZooKeeper over TLS, verifying it against this CA file; None = plaintext.
+    zookeeper_ca_file: str | None = None
     #: Take over a cluster tree left open by a run without credentials instead of refusing to start.
     zookeeper_lock_open_tree: bool = False
 
@@ -88,7 +90,8 @@ class Worker:
 
     def __init__(self, options: WorkerOptions) -> None:
         self.options = options
-        self.session = ZkSession(options.zookeeper, options.cluster, options.session_timeout_s, options.zookeeper_credentials)
+        self.session = ZkSession(options.zookeeper, options.cluster, options.session_timeout_s, options.zookeeper_credentials,
+                                 options.zookeeper_ca_file)
         self.membership = Membership(self.session, options.worker_id, TopicPartitions(options.bootstrap, options.kafka))
         self.status = StatusPublisher(self.session, options.worker_id)
         self.running: dict[str, _Running] = {}

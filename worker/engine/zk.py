@@ -6,9 +6,9 @@ session expired - which a client cut off from the server may not hear until it r
 on the local clock since the suspension, treat every partition as lost (``session_probably_lost``).
 
 **Credentials.** With :class:`ZkCredentials` the session authenticates with ZooKeeper's ``digest``
-scheme and creates every znode with an ACL that gives that principal alone every permission:
-nobody else may read (configs may hold secrets) or write (the decision log is the commit point)
-the cluster's tree. The ACLs of the tree:
+scheme (which sends the password as it is: give a ``ca_file`` too, for TLS) and creates every
+znode with an ACL that gives that principal alone every permission: nobody else may read (configs
+may hold secrets) or write (the decision log is the commit point) the cluster's tree. The ACLs of the tree:
 
 ``/eosink``                    ``world:anyone`` CREATE only: each cluster, under its own principal,
                                creates ``/eosink/<cluster>`` beside the others; nobody may delete,
@@ -94,7 +94,8 @@ class ZkSession:
     timeout_exception = KazooTimeoutError
 
     def __init__(self, hosts: str, cluster: str = "default", session_timeout: float = 10.0,
-                 credentials: ZkCredentials | None = None) -> None:
+                 credentials: ZkCredentials | None = None, ca_file: str | None = None) -> None:
+        """``ca_file``: connect over TLS, verifying the server's certificate and host name against this CA."""
         self.root = paths.cluster_root(cluster)
         self.session_timeout = session_timeout
         self.request_timeout = max(2.0, session_timeout / 2)
@@ -105,7 +106,9 @@ class ZkSession:
         # authentication never sees an unauthenticated request from this session.
         self.client = KazooClient(hosts=hosts, timeout=session_timeout,
                                   auth_data=credentials.auth_data if credentials else None,
-                                  default_acl=credentials.acl if credentials else None, logger=self._kazoo_log)
+                                  default_acl=credentials.acl if credentials else None, logger=self._kazoo_log,
+                                  use_ssl=ca_file is not None, ca=ca_file, verify_certs=True, check_hostname=ca_file is not None)
+        self.ca_file = ca_file
         self._state = KazooState.LOST
         self._suspended_at: float | None = None
         self._lock = threading.Lock()
@@ -121,7 +124,8 @@ class ZkSession:
         try:
             self.client.start(timeout=timeout)
         except KazooTimeoutError as exc:
-            raise CoordinatorUnavailableError(f"cannot connect to ZooKeeper at {self.hosts}", component="zookeeper") from exc
+            how = f"over TLS trusting {self.ca_file}" if self.ca_file else "without TLS (a TLS-only server? set --zookeeper-ca-file)"
+            raise CoordinatorUnavailableError(f"cannot connect to ZooKeeper at {self.hosts} {how}", component="zookeeper") from exc
         self._state = KazooState.CONNECTED
         try:
             self._ensure_root(lock_open_tree)

@@ -1,11 +1,12 @@
 """ZooKeeper 3.9 standalone, from the jars of ``jvm/zookeeper/pom.xml``.
 
-A secure stack's ZooKeeper requires every client session to authenticate with the ``digest``
-scheme before its first request (``enforce.auth.enabled``; a session that sends a request first is
+A secure stack's ZooKeeper serves TLS only (1.2+, the stack's server certificate; no plaintext
+port: digest credentials would cross it in clear), and requires every client session to
+authenticate with the ``digest`` scheme before its first request (``enforce.auth.enabled``; a session that sends a request first is
 closed by the server), and knows a ``super`` user (``superDigest``) that bypasses every ACL, for an
 operator's repair only: no eosink process ever uses it. What a principal may do to a znode is the
 znode's ACL, set by the workers (:mod:`eosink.worker.engine.zk`). The four-letter-word probes
-(``ruok``, ``srvr``) are not sessions and keep answering without credentials.
+(``ruok``, ``srvr``) are not sessions and keep answering without credentials, over TLS.
 
 digest, not SASL: digest authentication cannot "fail" (the server turns ``user:password`` into an
 id and the ACLs decide what that id may do), so enforcing it means "no anonymous session", and
@@ -19,6 +20,7 @@ import base64
 import hashlib
 import os
 import socket
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +49,26 @@ class ZooKeeper(Component):
             return {"hosts": self.address()}
         from eosink.worker.stack import secure
 
-        return {"hosts": self.address(), "auth_scheme": "digest", "user": secure.USERS["zookeeper"],
-                "password_key": "zookeeper.password"}
+        return {"hosts": self.address(), "tls": True, "ca_file": str(secure.material(self.layout).ca_cert),
+                "auth_scheme": "digest", "user": secure.USERS["zookeeper"], "password_key": "zookeeper.password"}
+
+    @property
+    def keystore(self) -> Path:
+        """The server's key and certificate in one PEM file, as ZooKeeper's PEM key store reads them."""
+        return self.data_dir / "keystore.pem"
 
     def address(self) -> str:
         return f"{HOST}:{self.layout.port(PORT_ENV)}"
-
 
     def launch(self) -> int:
         classpath = jvm.classpath("zookeeper", self.name)
         java = jvm.java(self.name)
         (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
+        if self.layout.secure:
+            from eosink.worker.stack import secure
+
+            m = secure.material(self.layout)
+            _write_private(self.keystore, m.server_key.read_text() + m.server_cert.read_text())
         _write_private(self.config_file, self._config())  # 0600: a secure stack's holds the super user's digest
         argv = [
             java, "-Xms64m", "-Xmx256m", "-XX:-UsePerfData", "-Djava.awt.headless=true",
@@ -78,8 +89,7 @@ class ZooKeeper(Component):
             "minSessionTimeout=1000",
             "maxSessionTimeout=60000",
             f"dataDir={self.data_dir / 'data'}",
-            f"clientPortAddress={HOST}",
-            f"clientPort={self.layout.port(PORT_ENV)}",
+            *self._listener(),
             "maxClientCnxns=0",
             "admin.enableServer=false",
             "4lw.commands.whitelist=ruok,srvr,mntr",
@@ -88,6 +98,26 @@ class ZooKeeper(Component):
             *self._secure_config(),
             "",
         ])
+
+    def _listener(self) -> list[str]:
+        """Plaintext on the open stack; TLS only on a secure one (Netty serves TLS, including the 4lw probes)."""
+        port = self.layout.port(PORT_ENV)
+        if not self.layout.secure:
+            return [f"clientPortAddress={HOST}", f"clientPort={port}"]
+        from eosink.worker.stack import secure
+
+        ca = secure.material(self.layout).ca_cert
+        return [
+            f"secureClientPortAddress={HOST}",
+            f"secureClientPort={port}",
+            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+            f"ssl.keyStore.location={self.keystore}",
+            "ssl.keyStore.type=PEM",
+            f"ssl.trustStore.location={ca}",
+            "ssl.trustStore.type=PEM",
+            "ssl.clientAuth=none",  # clients prove who they are with digest credentials, not certificates
+            "ssl.enabledProtocols=TLSv1.3,TLSv1.2",
+        ]
 
     def _secure_config(self) -> list[str]:
         """A secure stack's lines: digest authentication required, and the super user's digest.
@@ -111,14 +141,28 @@ class ZooKeeper(Component):
         # `ruok` answers imok even when the server thread died at start-up (seen here: a missing
         # class while loading the database), so also ask `srvr`, which names the serving mode.
         for command, expect in ((b"ruok", b"imok"), (b"srvr", b"Mode: standalone")):
-            with socket.create_connection((HOST, self.layout.port(PORT_ENV)), timeout=2) as s:
+            answer = self._ask(command)
+            if expect not in answer:
+                raise RuntimeError(f"`{command.decode()}` answered {answer[:120]!r}, expected {expect!r}: the server is not serving")
+
+
+    def _ask(self, command: bytes) -> bytes:
+        """A four-letter word and its answer; over TLS, verifying the server against the stack's CA, when secure."""
+        with socket.create_connection((HOST, self.layout.port(PORT_ENV)), timeout=2) as raw:
+            s: socket.socket = raw
+            if self.layout.secure:
+                from eosink.worker.stack import secure
+
+                ctx = ssl.create_default_context(cafile=str(secure.material(self.layout).ca_cert))
+                s = ctx.wrap_socket(raw, server_hostname=HOST)
+            with s:
                 s.sendall(command)
-                s.shutdown(socket.SHUT_WR)
+                if not self.layout.secure:
+                    s.shutdown(socket.SHUT_WR)  # TLS has no half-close: the server closes after answering
                 answer = b""
                 while chunk := s.recv(4096):
                     answer += chunk
-            if expect not in answer:
-                raise RuntimeError(f"`{command.decode()}` answered {answer[:120]!r}, expected {expect!r}: the server is not serving")
+        return answer
 
 
 def digest_id(user: str, password: str) -> str:
