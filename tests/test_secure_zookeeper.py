@@ -446,3 +446,25 @@ def test_secure_zookeeper_refuses_plaintext_and_a_worker_without_tls_exits_with_
     assert rc == 2 and len(errors) == 1, log[-2000:]
     assert f"[zookeeper] cannot connect to ZooKeeper at {secured_run.hosts} without TLS" in errors[0]
     assert "--zookeeper-ca-file" in errors[0] and "Traceback" not in log
+
+
+def test_worker_against_the_local_secure_stack_takes_its_zookeeper_credentials_and_tls_without_settings(
+        secure_stack, secured_run, tmp_path):
+    from tests.conftest import SECURE_HOME
+
+    cluster = f"{secured_run.cluster}-defaults"
+    env = {"EOSINK_HOME": str(SECURE_HOME), "EOSINK_ZOOKEEPER_USER": "", "EOSINK_ZOOKEEPER_PASSWORD": "",
+           "EOSINK_ZOOKEEPER_CA_FILE": ""}
+    w = WorkerProcess(secure_stack, cluster, "defaults-w1", tmp_path, extra_env=env)
+    try:
+        wait_until(lambda: w.proc.poll() is not None or '"worker_started"' in w.log_text(), 60, "the worker on the stack's defaults")
+        assert w.proc.poll() is None, w.log_text()[-2000:]
+    finally:
+        assert w.stop() == 0
+    owner = _client(secured_run.hosts, secured_run.owner, secured_run.ca_file)
+    try:
+        acl = make_digest_acl(secured_run.owner.user, secured_run.owner.password, all=True)
+        assert owner.get_acls(paths.cluster_root(cluster))[0] == [acl]
+    finally:
+        _close(owner)
+    assert secured_run.owner.password not in _log(w)
