@@ -9,7 +9,10 @@
     eosink connectors transactions NAME                 prepared / in-doubt transactions (the runbook's view)
 
 ``--url`` (``EOSINK_URL``, default http://127.0.0.1:8083); credentials from ``EOSINK_REST_BASIC_AUTH``
-(USER:PASSWORD) or ``EOSINK_REST_TOKEN``, the same variables the worker reads.
+(USER:PASSWORD) or ``EOSINK_REST_TOKEN``, the same variables the worker reads, or from a file
+(``EOSINK_REST_BASIC_AUTH_FILE``, ``EOSINK_REST_TOKEN_FILE``: its first line), and a value may be a
+``${env:VAR}`` / ``${file:/path:key}`` reference. An https worker is verified against ``--rest-ca``
+(``EOSINK_REST_CA``), else the system's trust store.
 
 **Direct mode**, for bootstrapping a cluster before any worker serves REST: ``--zookeeper HOSTS``
 (with ``--cluster``) makes ``apply``, ``list`` and ``delete`` write ZooKeeper directly, with the same
@@ -54,6 +57,11 @@ def add_parser(sub: Any) -> None:
     setting(c, "--basic-auth", kind=typed.USER_PASSWORD, env="EOSINK_REST_BASIC_AUTH", metavar="USER:PASSWORD",
             help="HTTP basic credentials")
     setting(c, "--token", kind=typed.TEXT, env="EOSINK_REST_TOKEN", help="bearer token")
+    setting(c, "--basic-auth-file", kind=typed.TEXT, env="EOSINK_REST_BASIC_AUTH_FILE", metavar="PATH",
+            help="USER:PASSWORD from the first line of this file")
+    setting(c, "--token-file", kind=typed.TEXT, env="EOSINK_REST_TOKEN_FILE", metavar="PATH", help="bearer token from this file")
+    setting(c, "--rest-ca", kind=typed.TEXT, env="EOSINK_REST_CA", metavar="PEM",
+            help="CA certificate that signed an https worker's certificate (default: the system's trust store)")
     setting(c, "--zookeeper", kind=typed.ZK_HOSTS, help="direct mode: write ZooKeeper instead of calling a worker (bootstrap)")
     setting(c, "--cluster", kind=typed.WORD, env="EOSINK_CLUSTER", default="default", help="direct mode: cluster name")
     from eosink.worker.clients import zk_auth
@@ -110,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
         return _direct(args)
     from eosink.worker.clients.rest_client import RestClient
 
-    return _rest(args, RestClient(args.url, basic=args.basic_auth, token=args.token))
+    return _rest(args, RestClient(args.url, basic=args.basic_auth, token=args.token, basic_file=args.basic_auth_file,
+                                  token_file=args.token_file, ca=args.rest_ca or None))
 
 
 def _direct(args: argparse.Namespace) -> int:

@@ -51,6 +51,7 @@ class WorkerOptions:
     rest_port: int = 0
     rest_advertised_url: str = ""
     rest_auth: RestAuth | None = None
+    rest_tls: Any = None  # ssl.SSLContext: the REST API serves https (eosink.worker.control.rest.tls.server_context)
     #: Kafka client settings passed through to every consumer, producer and admin client
     #: (``security.protocol``, ``sasl.*``, ``ssl.*``).
     kafka: dict[str, str] = field(default_factory=dict)
@@ -130,7 +131,7 @@ class Worker:
     def rest_url(self) -> str | None:
         if self.options.rest_advertised_url:
             return self.options.rest_advertised_url
-        return f"http://{socket.gethostname()}:{self.rest.port}" if self.rest is not None else None
+        return f"{self.rest.scheme}://{socket.gethostname()}:{self.rest.port}" if self.rest is not None else None
 
     # -- what the metrics read at scrape time (eosink.worker.metrics.WorkerView) --------------------
     def zookeeper_connected(self) -> bool:
@@ -149,7 +150,8 @@ class Worker:
         if self.options.rest_port or self.options.rest_advertised_url:
             from eosink.worker.control.rest import RestServer
 
-            self.rest = RestServer(self, self.options.rest_host, self.options.rest_port, self.options.rest_auth).start()
+            self.rest = RestServer(self, self.options.rest_host, self.options.rest_port, self.options.rest_auth,
+                                   self.options.rest_tls).start()
         self._register()
         self.membership.watch(self._wake.set)
         self.registered = True
