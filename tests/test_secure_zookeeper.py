@@ -468,3 +468,22 @@ def test_worker_against_the_local_secure_stack_takes_its_zookeeper_credentials_a
     finally:
         _close(owner)
     assert secured_run.owner.password not in _log(w)
+
+
+def test_stack_super_user_can_repair_a_cluster_tree_that_no_other_principal_can_read(secured_run, secure_material):
+    """The repair path the refusals point to: ZooKeeper's super user (``superDigest``) passes every ACL."""
+    config = secured_run.targets()["config"]
+    root_user = ZkCredentials(secure_material.user("zookeeper.admin"), secure_material.password("zookeeper.admin"))
+    c = _client(secured_run.hosts, root_user, secured_run.ca_file)
+    try:
+        assert json.loads(c.get(config)[0])["topics"] == secured_run.topic
+        acls, stat = c.get_acls(config)
+        c.set_acls(config, acls, version=stat.aversion)  # ADMIN: what a repair (setAcl) needs
+    finally:
+        _close(c)
+    impostor = _client(secured_run.hosts, ZkCredentials(root_user.user, secrets.token_urlsafe(16)), secured_run.ca_file)
+    try:
+        with pytest.raises(NoAuthError):
+            impostor.get(config)
+    finally:
+        _close(impostor)

@@ -1,10 +1,10 @@
 """ZooKeeper 3.9 standalone, from the jars of ``jvm/zookeeper/pom.xml``.
 
 A secure stack's ZooKeeper serves TLS only (1.2+, the stack's server certificate; no plaintext
-port: digest credentials would cross it in clear), and requires every client session to
-authenticate with the ``digest`` scheme before its first request (``enforce.auth.enabled``; a session that sends a request first is
-closed by the server), and knows a ``super`` user (``superDigest``) that bypasses every ACL, for an
-operator's repair only: no eosink process ever uses it. What a principal may do to a znode is the
+port: digest credentials would cross it in clear), requires every client session to authenticate
+with the ``digest`` scheme before its first request (``enforce.auth.enabled``: a session that
+sends a request first is closed by the server), and knows a ``super`` user (``superDigest``) that
+bypasses every ACL, for an operator's repair only: no eosink process ever uses it. What a principal may do to a znode is the
 znode's ACL, set by the workers (:mod:`eosink.worker.engine.zk`). The four-letter-word probes
 (``ruok``, ``srvr``) are not sessions and keep answering without credentials, over TLS.
 
@@ -43,8 +43,8 @@ class ZooKeeper(Component):
         return {PORT_ENV: self.layout.port(PORT_ENV)}
 
     def endpoint(self) -> dict[str, Any]:
-        """The address; on a secure stack also the cluster ``default``'s digest user and the key of its password
-        in ``credentials.properties`` (never the password)."""
+        """The address; on a secure stack also its CA (TLS only), the cluster ``default``'s digest user and the
+        key of its password in ``credentials.properties`` (never the password)."""
         if not self.layout.secure:
             return {"hosts": self.address()}
         from eosink.worker.stack import secure
@@ -144,7 +144,6 @@ class ZooKeeper(Component):
             answer = self._ask(command)
             if expect not in answer:
                 raise RuntimeError(f"`{command.decode()}` answered {answer[:120]!r}, expected {expect!r}: the server is not serving")
-
 
     def _ask(self, command: bytes) -> bytes:
         """A four-letter word and its answer; over TLS, verifying the server against the stack's CA, when secure."""
