@@ -288,7 +288,7 @@ def test_provider_secrets_never_reach_the_log_status_configs_metrics_command_lin
         stack, unique, "w-secrets", tmp_path, tls, metrics_port=metrics_port,
         extra_args=["--kafka-property", f"sasl.password=${{file:{secrets_file}:kafka.password}}"],
         extra_env={"EOSINK_REST_BASIC_AUTH": f"{REST_USER}:${{file:{secrets_file}:rest.password}}",
-                   "EOSINK_ZOOKEEPER_PASSWORD": ZK_SECRET},
+                   "EOSINK_ZOOKEEPER_USER": f"{unique}-zk", "EOSINK_ZOOKEEPER_PASSWORD": ZK_SECRET},
     )
     good = (REST_USER, REST_PASSWORD)
     ref = f"${{file:{secrets_file}:pg.password}}"

@@ -42,6 +42,13 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
             help="Kafka bootstrap servers")
     setting(p, "--zookeeper", kind=typed.ZK_HOSTS, env="EOSINK_ZOOKEEPER", default=d["zookeeper"], help="ZooKeeper hosts")
     setting(p, "--cluster", kind=typed.WORD, env="EOSINK_CLUSTER", default="default", help="cluster name")
+    from eosink.worker.clients import zk_auth
+
+    zk_auth.add_args(p, zk_auth.stack_defaults())
+    setting(p, "--zookeeper-lock-open-tree", kind=typed.choice("true", "false"), env="EOSINK_ZOOKEEPER_LOCK_OPEN_TREE",
+            default="false", metavar="true|false",
+            help="once, with --zookeeper-user: take over a cluster tree left open to anyone by a run without "
+                 "credentials (after checking its connectors), instead of refusing to start")
 
 
 #: Kafka client settings a worker passes through to every consumer, producer and admin client.
@@ -101,6 +108,7 @@ def _rest_tls(args: argparse.Namespace) -> object | None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from eosink.worker.clients import zk_auth
     from eosink.worker.control.rest.auth import RestAuth
     from eosink.worker.control.runner import Worker, WorkerOptions
     from eosink.worker.logging import configure, get_logger, install_process_hooks, register_environment_secrets, register_secret
@@ -125,6 +133,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         rest_auth=auth,
         kafka=kafka,
         rest_tls=tls,
+        zookeeper_credentials=zk_auth.credentials(args),
+        zookeeper_ca_file=zk_auth.ca_file(args),
+        zookeeper_lock_open_tree=args.zookeeper_lock_open_tree == "true",
     )
     get_logger("eosink.worker.clients.cli").info("worker_configuring", cluster=opts.cluster, bootstrap=opts.bootstrap,
                                   zookeeper=opts.zookeeper, rest=f"{opts.rest_host}:{opts.rest_port}" if opts.rest_port else "off",

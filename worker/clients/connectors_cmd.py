@@ -16,7 +16,8 @@
 
 **Direct mode**, for bootstrapping a cluster before any worker serves REST: ``--zookeeper HOSTS``
 (with ``--cluster``) makes ``apply``, ``list`` and ``delete`` write ZooKeeper directly, with the same
-validation. Every other action needs a worker.
+validation, as the workers' ZooKeeper principal (``--zookeeper-user``, ``EOSINK_ZOOKEEPER_PASSWORD``).
+Every other action needs a worker.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ def add_parser(sub: Any) -> None:
             help="CA certificate that signed an https worker's certificate (default: the system's trust store)")
     setting(c, "--zookeeper", kind=typed.ZK_HOSTS, help="direct mode: write ZooKeeper instead of calling a worker (bootstrap)")
     setting(c, "--cluster", kind=typed.WORD, env="EOSINK_CLUSTER", default="default", help="direct mode: cluster name")
+    from eosink.worker.clients import zk_auth
+
+    zk_auth.add_args(c, zk_auth.stack_defaults())  # direct mode: the workers' ZooKeeper credentials
     c.add_argument("--bootstrap-servers", help=argparse.SUPPRESS)  # accepted for compatibility; unused
     a = c.add_subparsers(dest="action", required=True)
     p = a.add_parser("apply", help="create or update connectors from JSON files (or directories of them)")
@@ -119,12 +123,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _direct(args: argparse.Namespace) -> int:
+    from eosink.worker.clients import zk_auth
     from eosink.worker.control.config import load_connector_file
     from eosink.worker.control.store import ConnectorStore
     from eosink.worker.engine.zk import ZkSession
 
     configs = [load_connector_file(f, resolve=False) for f in _files(args.files)] if args.action == "apply" else []
-    session = ZkSession(args.zookeeper, args.cluster).start()
+    session = ZkSession(args.zookeeper, args.cluster, credentials=zk_auth.credentials(args), ca_file=zk_auth.ca_file(args)).start()
     try:
         store = ConnectorStore(session)
         if args.action == "apply":
