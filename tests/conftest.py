@@ -56,6 +56,15 @@ def secure_material(secure_stack):
     return secure.material(StackLayout.for_home(SECURE_HOME))
 
 
+@pytest.fixture(scope="session")
+def secure_zookeeper_env(secure_material) -> dict[str, str]:
+    """What a worker needs for the secure stack's ZooKeeper (``WorkerProcess(extra_env=...)``): TLS against the stack's
+    CA, and the credentials of cluster principal ``zookeeper`` (the password as a ``${file:...}`` reference)."""
+    return {"EOSINK_ZOOKEEPER_USER": secure_material.user("zookeeper"),
+            "EOSINK_ZOOKEEPER_PASSWORD": secure_material.reference("zookeeper"),
+            "EOSINK_ZOOKEEPER_CA_FILE": str(secure_material.ca_cert)}
+
+
 @pytest.fixture
 def unique(request) -> str:
     """A short name unique to this test invocation, safe for topics, tables and znodes."""

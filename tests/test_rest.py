@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -438,7 +439,11 @@ def test_connector_plugins_config_and_validate(worker):
 # -- secrets -----------------------------------------------------------------------------------------------------
 def test_secrets_never_appear_in_responses_or_in_the_worker_log(stack, unique, tmp_path, make_topic):
     topic = make_topic(1)
-    w = start_worker(stack, unique, "w-secret", tmp_path, extra_env={"TEST_PG_PASSWORD": SECRET + "-env"})
+    props = tmp_path / "worker-secrets.properties"  # worker-level credentials through the providers, never on the command line
+    props.write_text(f"kafka.password={SECRET}-kafka\n")
+    w = start_worker(stack, unique, "w-secret", tmp_path,
+                     extra_env={"TEST_PG_PASSWORD": SECRET + "-env", "EOSINK_ZOOKEEPER_PASSWORD": SECRET + "-zk"},
+                     extra_args=["--kafka-property", f"sasl.password=${{file:{props}:kafka.password}}"])
     try:
         # one password given literally, one through ${env:} (resolved at the worker); and a connector that
         # fails to start with an error quoting its (nonsense) DSN, which is the secret too
@@ -459,10 +464,12 @@ def test_secrets_never_appear_in_responses_or_in_the_worker_log(stack, unique, t
             responses.append(call(w.url, "GET", path))
         responses.append(call(w.url, "PUT", "/connector-plugins/postgres/config/validate", {**good, "name": "good"}))
         responses.append(call(w.url, "PUT", f"{g}/config", good))
+        responses.append(call(w.url, "GET", "/metrics"))
         status = call(w.url, "GET", f"{leak}/status")[1]
         assert "[hidden]" in json.dumps(status), status  # the trace quoted it, redacted
         for r in responses:
             assert SECRET not in json.dumps(r[1]), r
+        assert SECRET not in Path(f"/proc/{w.proc.pid}/cmdline").read_text(), "a secret on the worker's command line"
         assert call(w.url, "GET", f"{g}/config")[1]["connection.password"] == "[hidden]"
         assert call(w.url, "GET", f"{e}/config")[1]["connection.password"] == "[hidden]"
     finally:

@@ -50,6 +50,69 @@ def redact(obj: Any) -> Any:
     return obj
 
 
+def secret_looking(name: str) -> bool:
+    """Whether a setting's name says it holds a credential (``sasl.password``, ``EOSINK_ZOOKEEPER_PASSWORD``, ...)."""
+    n = name.lower().replace("_", ".")
+    return any(w in n for w in ("password", "secret", "token", "credential", "jaas", "basic.auth", "key.pem"))
+
+
+def register_environment_secrets(environ: MutableMapping[str, str] | None = None) -> None:
+    """Register the value of every ``EOSINK_*`` variable whose name says it is a credential.
+
+    A worker may receive a secret through a variable that no code of this process reads yet (a
+    component's password added to the image before the worker learns it); it is hidden all the
+    same. A ``USER:PASSWORD`` pair registers its password part too."""
+    for name, value in (os.environ if environ is None else environ).items():
+        if name.startswith("EOSINK_") and value and secret_looking(name) and not name.endswith("_FILE"):
+            register_secret(value)
+            if "BASIC_AUTH" in name:
+                register_secret(value.partition(":")[2])
+
+
+class _RedactingFilter(logging.Filter):
+    """Stdlib records (kazoo, urllib3, a library's warnings) are cut the same way as our own events."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _secrets:
+            try:
+                message = record.getMessage()
+            except Exception:  # noqa: BLE001 - a malformed record is logged as it is
+                return True
+            record.msg, record.args = redact(message), None
+            if record.exc_info and record.exc_info[1] is not None:
+                import traceback
+
+                record.exc_text = redact("".join(traceback.format_exception(*record.exc_info)).rstrip())
+                record.exc_info = None
+        return True
+
+
+_FILTER = _RedactingFilter()
+
+
+def _log_uncaught(exc_type: type[BaseException], exc: BaseException, tb: Any, thread: str | None = None) -> None:
+    structlog.get_logger(ROOT).error("uncaught_exception", thread=thread, exc_info=(exc_type, exc, tb))
+
+
+def install_process_hooks() -> None:
+    """For a long-running process (the worker), not a library caller: stdlib handlers and uncaught
+    exceptions (a thread's included) go through the redactor, so a trace quoting a DSN is cut too and
+    is one JSON event instead of a bare traceback on stderr."""
+    for handler in (*logging.root.handlers, logging.lastResort):
+        if handler is not None and _FILTER not in handler.filters:
+            handler.addFilter(_FILTER)
+    if getattr(sys.excepthook, "__module__", "") != __name__:
+        sys.excepthook = _log_uncaught
+
+    def thread_hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit:
+            return
+        _log_uncaught(args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback,
+                      args.thread.name if args.thread else None)
+
+    threading.excepthook = thread_hook
+
+
 def _redact_processor(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     return redact(event) if _secrets else event
 

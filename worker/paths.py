@@ -21,9 +21,13 @@ from __future__ import annotations
 
 from eosink.connectors.api.records import TopicPartition
 
+#: The parent of every cluster's tree; shared by the clusters, so its ACL lets each create its root
+#: and nothing else (:mod:`eosink.worker.engine.zk`).
+ROOT = "/eosink"
+
 
 def cluster_root(cluster: str) -> str:
-    return f"/eosink/{cluster}"
+    return f"{ROOT}/{cluster}"
 
 
 def workers(root: str) -> str:

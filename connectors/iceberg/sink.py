@@ -45,6 +45,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 import uuid
 from collections import OrderedDict
@@ -66,6 +67,8 @@ from eosink.connectors.iceberg import arrow as ia
 from eosink.connectors.iceberg import txn as itx
 from eosink.connectors.iceberg.store import Markers, Storage, txn_key
 from eosink.connectors.iceberg.tables import Tables
+from eosink.connectors.iceberg.tlsio import IMPL as CA_IO_IMPL
+from eosink.connectors.iceberg.tlsio import S3_CA_BUNDLE, untrusted_endpoint
 from eosink.connectors.iceberg.txn import (
     SUMMARY_CONNECTOR,
     SUMMARY_EPOCHS,
@@ -134,6 +137,9 @@ class IcebergSink(BatchingSink):
         .define("s3.access-key-id", Type.STRING, None, "S3 access key id.")
         .define("s3.secret-access-key", Type.PASSWORD, None, "S3 secret access key.")
         .define("s3.region", Type.STRING, None, "S3 region, e.g. us-east-1.")
+        .define("s3.ca-bundle", Type.STRING, None, "PEM file of the certificate authorities to trust for an https s3.endpoint "
+                "signed by a private CA (the S3 sink's aws.ca.bundle); pyarrow's tls_ca_file_path. Unset: the system's "
+                "trust store.", Importance.MEDIUM)
     )
 
     def __init__(self, connector: str, config: Mapping[str, Any]) -> None:
@@ -163,6 +169,8 @@ class IcebergSink(BatchingSink):
         if c["iceberg.catalog.type"] == "sql":
             # A pooled connection dead after a database restart would fail one whole cycle: ping first.
             self.catalog_props["pool_pre_ping"] = "true"
+        if c.get(S3_CA_BUNDLE):
+            self.catalog_props["py-io-impl"] = CA_IO_IMPL  # the catalog's table IO must trust the CA too
         self.catalog_props |= io_props
         if warehouse:
             self.catalog_props["warehouse"] = warehouse
@@ -201,7 +209,15 @@ class IcebergSink(BatchingSink):
 
     # -- catalog and tables -------------------------------------------------------------------
     def open(self) -> None:
-        """Connect to the catalog (a SQL catalog creates its two tables if missing)."""
+        """Check the S3 endpoint's certificate, connect to the catalog (a SQL catalog creates its two tables if missing)."""
+        endpoint, ca = self.config.get("s3.endpoint"), self.config.get(S3_CA_BUNDLE)
+        if ca and not os.path.isfile(ca):
+            raise ConfigError(f"{ca} is not a readable file (the CA certificates, PEM, that sign the endpoint's certificate)",
+                              key=S3_CA_BUNDLE, source=f"connector '{self.connector}'")
+        why = untrusted_endpoint(endpoint, ca) if endpoint else None
+        if why is not None:
+            raise FatalError(f"connector '{self.connector}': TLS: the certificate of {endpoint} (s3.endpoint) is not trusted "
+                             f"({why}): set {S3_CA_BUNDLE} to the CA file that signed it", component=COMPONENT)
         self.tables.catalog()
 
     def close(self) -> None:

@@ -30,6 +30,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from eosink.connectors.common.durable import fsync_dir
+from eosink.connectors.iceberg.tlsio import S3_CA_BUNDLE, CaBundleFileIO
 
 MARKER_SUFFIX = ".json"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -63,7 +64,9 @@ class Storage:
 
     @classmethod
     def for_properties(cls, properties: Mapping[str, str], fsync: bool = True) -> Storage:
-        return cls(PyArrowFileIO(dict(properties)), fsync)
+        """A FileIO for ``properties``; with ``s3.ca-bundle`` one that trusts that CA (see :mod:`.tlsio`)."""
+        io_class = CaBundleFileIO if properties.get(S3_CA_BUNDLE) else PyArrowFileIO
+        return cls(io_class(dict(properties)), fsync)
 
     def _fs(self, uri: str) -> tuple[pafs.FileSystem, str]:
         fs_by_scheme = getattr(self.io, "fs_by_scheme", None)

@@ -73,10 +73,13 @@ _RETRY = ("the worker retries a failed cycle itself: set errors.retry.timeout an
 
 CONFIG = (
     ConfigDef()
-    .define("connection.url", Type.STRING, doc="PostgreSQL DSN, e.g. postgresql://host:5432/db (libpq URI or key=value).",
+    .define("connection.url", Type.STRING, doc="PostgreSQL DSN, e.g. postgresql://host:5432/db (libpq URI or key=value). TLS is set here, "
+            "as libpq reads it: ?sslmode=verify-full&sslrootcert=/path/ca.pem trusts a private CA and checks the host name. "
+            "Keep the password out of it: use connection.password or a pgpass file (passfile=).",
             importance=Importance.HIGH, validator=non_empty)
     .define("connection.user", Type.STRING, None, "User name; overrides the DSN's.", Importance.HIGH)
-    .define("connection.password", Type.PASSWORD, None, "Password; overrides the DSN's.", Importance.HIGH)
+    .define("connection.password", Type.PASSWORD, None, "Password; overrides the DSN's. Name it rather than write it: "
+            "${file:/path/credentials.properties:key}.", Importance.HIGH)
     .define("connection.attempts", Type.INT, 1, "Connection attempts before a cycle fails as retryable (JDBC sink: 3).",
             Importance.LOW, at_least(1))
     .define("connection.backoff.ms", Type.LONG, 10_000, "Wait between two connection attempts.", Importance.LOW, at_least(0))

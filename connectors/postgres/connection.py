@@ -18,8 +18,10 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from eosink.connectors.api.errors import ConfigError, EosinkError, FatalError, RetryableError
+from eosink.connectors.postgres import access, refusal
 from eosink.connectors.postgres import copy as pgc
 from eosink.connectors.postgres import schema as pgs
+from eosink.connectors.postgres.config import Settings
 from eosink.connectors.postgres.rejects import COMPONENT, describe
 
 T = TypeVar("T")
@@ -38,6 +40,11 @@ class PostgresConnections:
     _tx: psycopg.Connection[Any] | None  # the two-phase transactions only
     _tx_state: str  # idle | active | prepare-sent
     _bootstrapped: bool
+    settings: Settings
+
+    def _target_tables(self) -> list[access.TableKey]:
+        """The target tables this sink has written or resolved so far (for naming a missing grant)."""
+        return []
 
     def _connect(self, autocommit: bool) -> psycopg.Connection[Any]:
         url = self.config["connection.url"]
@@ -69,6 +76,9 @@ class PostgresConnections:
                     conn.commit()
                 break
             except psycopg.OperationalError as exc:
+                refused = refusal.classify(str(exc), {**given, **kwargs}, self.connector)
+                if refused is not None:
+                    raise refused from None
                 if attempt == attempts:
                     raise RetryableError(f"cannot connect to PostgreSQL ({attempt} attempt(s), connection.attempts): {exc}".strip(),
                                          component=COMPONENT) from exc
@@ -145,4 +155,28 @@ class PostgresConnections:
             )
         if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
             return RetryableError(f"{what} failed: {exc}".strip(), component=COMPONENT)
+        if isinstance(exc, access.PRIVILEGE_ERRORS):
+            lacking = self._lacking()
+            if lacking:
+                return FatalError(f"{what} failed: permission denied: role {lacking[0]} lacks {'; '.join(lacking[1:])} "
+                                  f"(GRANT it to the role; the server said: {describe(exc)})", component=COMPONENT)
         return FatalError(f"{what} failed: {describe(exc)}", component=COMPONENT)
+
+    def _lacking(self) -> list[str]:
+        """``[role, "INSERT on table s.t", ...]`` for what the sink's role lacks, or [] when nothing
+        (or the check itself failed: the caller then reports the server's own message)."""
+        own = self._ac is not None and not (self._ac.closed or self._ac.broken)
+        try:
+            conn = self._ac if own and self._ac is not None else self._connect(autocommit=True)
+        except EosinkError:
+            return []
+        try:
+            role = conn.execute("SELECT current_user").fetchone()
+            wanted = access.needs(self.settings, self._target_tables())
+            lacking = access.missing(conn, wanted, create=bool(self.config["auto.create"]))
+            return [str(role[0] if role else "?"), *lacking] if lacking else []
+        except psycopg.Error:
+            return []
+        finally:
+            if conn is not self._ac:
+                conn.close()

@@ -141,6 +141,9 @@ class PostgresSink(PostgresConnections, BatchingSink):
         self._tx = self._ac = None
         self._tx_state = "idle"
 
+    def _target_tables(self) -> list[TableKey]:
+        return self._tables.known()
+
     # -- ids --------------------------------------------------------------------------------
     def _gid_check(self, txn_id: str) -> str:
         gid = GID_PREFIX + txn_id

@@ -67,6 +67,10 @@ class TableCache:
     def clear(self) -> None:
         self._tables.clear()
 
+    def known(self) -> list[TableKey]:
+        """Every target table named so far (resolved from a topic), whether or not it exists."""
+        return sorted(set(self._names.values()), key=lambda k: (k[0] or "", k[1]))
+
     # -- names and values -----------------------------------------------------------------------
     def key_for(self, topic: str) -> TableKey:
         """``table.name.format`` with ``${topic}`` (``.``/``-`` -> ``_``); a ``.`` separates a schema."""

@@ -6,16 +6,22 @@ it will not (a missing bucket, refused credentials). Each message names the oper
 ``s3://bucket/key`` it touched and the endpoint, so whoever reads a failed task's status knows
 which of the three to check. A few answers are expected, not failures - "not there" (404) and
 "precondition failed" (412) - and come back as None where the caller asks for that.
+
+**Refusals name what to fix.** Credentials the server does not accept name the two key settings;
+a request the bucket policy does not allow names the IAM action the call needs (:data:`ACTIONS`)
+and the object - so a policy missing ``s3:AbortMultipartUpload`` says exactly that; a certificate
+the client does not trust names ``aws.ca.bundle``. None is retried: no attempt fixes them.
 """
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Iterable
 from typing import Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, IncompleteReadError, NoCredentialsError
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, IncompleteReadError, NoCredentialsError, SSLError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from eosink.connectors.api.errors import EosinkError, FatalError, RetryableError
@@ -24,8 +30,16 @@ COMPONENT = "s3"
 _RETRYABLE_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestLimitExceeded",
                               "InternalError", "ServiceUnavailable", "OperationAborted", "TooManyRequests",
                               "XMinioServerNotInitialized"})
-_DENIED_CODES = frozenset({"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
-                           "InvalidToken", "ExpiredToken"})
+_DENIED_CODES = frozenset({"AccessDenied", "403", "AllAccessDisabled"})
+_CREDENTIAL_CODES = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"})
+#: The IAM action each boto3 call of the sink needs (what a bucket policy must allow).
+ACTIONS: dict[str, str] = {
+    "head_bucket": "s3:ListBucket", "list_objects_v2": "s3:ListBucket", "create_bucket": "s3:CreateBucket",
+    "list_multipart_uploads": "s3:ListBucketMultipartUploads", "list_parts": "s3:ListMultipartUploadParts",
+    "put_object": "s3:PutObject", "create_multipart_upload": "s3:PutObject", "upload_part": "s3:PutObject",
+    "complete_multipart_upload": "s3:PutObject", "get_object": "s3:GetObject", "head_object": "s3:GetObject",
+    "delete_objects": "s3:DeleteObject", "delete_object": "s3:DeleteObject", "abort_multipart_upload": "s3:AbortMultipartUpload",
+}
 #: "Not there" answers (HEAD has no body, so its code is the bare status; NoSuchBucket is not one).
 MISSING = frozenset({"NoSuchKey", "NoSuchUpload", "404"})
 #: A conditional write lost: the object exists (IfNoneMatch) or changed (IfMatch).
@@ -33,7 +47,9 @@ CONFLICT = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict",
 
 
 def make_client(*, endpoint_url: str | None, region: str, access_key: str | None, secret_key: str | None,
-                session_token: str | None, max_attempts: int, connections: int, path_style: bool) -> Any:
+                session_token: str | None, max_attempts: int, connections: int, path_style: bool,
+                ca_bundle: str | None = None) -> Any:
+    """A boto3 S3 client; ``ca_bundle``: PEM file of the CAs to trust (None: ``AWS_CA_BUNDLE``, else the system's)."""
     config = Config(
         retries={"max_attempts": max_attempts, "mode": "standard"},
         connect_timeout=10, read_timeout=60, max_pool_connections=max(10, connections),
@@ -42,6 +58,7 @@ def make_client(*, endpoint_url: str | None, region: str, access_key: str | None
     return boto3.session.Session().client(
         "s3", endpoint_url=endpoint_url or None, region_name=region, aws_access_key_id=access_key or None,
         aws_secret_access_key=secret_key or None, aws_session_token=session_token or None, config=config,
+        verify=ca_bundle or None,
     )
 
 
@@ -108,6 +125,11 @@ class Bucket:
             resp = self.call("delete_objects", chunk[0], Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True})
             if resp.get("Errors"):
                 e = resp["Errors"][0]
+                if e.get("Code") in _DENIED_CODES:
+                    raise FatalError(f"delete_objects s3://{self.name}/{e.get('Key')} at {self.endpoint}: access denied ({e.get('Code')}): "
+                                     f"s3:DeleteObject on s3://{self.name}/{e.get('Key')} is not allowed (grant s3:DeleteObject "
+                                     f"on bucket {self.name} to the user of aws.access.key.id, or in the policy of bucket "
+                                     f"{self.name})", component=COMPONENT)
                 raise RetryableError(f"delete s3://{self.name}/{e.get('Key')} failed: {e.get('Code')} {e.get('Message')}",
                                      component=COMPONENT)
 
@@ -119,12 +141,27 @@ class Bucket:
             msg = exc.response.get("Error", {}).get("Message", "")
             if status >= 500 or code in _RETRYABLE_CODES:
                 return RetryableError(f"{at}: {code} (HTTP {status}) {msg}", component=COMPONENT)
+            if code == "400" and self.endpoint.startswith("http://"):
+                # No S3 error code: the answer was not S3's. A TLS-only server (MinIO with certificates)
+                # answers a plain-HTTP request so.
+                return FatalError(f"{at}: the endpoint answered HTTP 400 without an S3 error: if it serves TLS only, "
+                                  "use an https:// s3.endpoint.url (and aws.ca.bundle for a private CA)", component=COMPONENT)
+            if code in _CREDENTIAL_CODES:
+                return FatalError(f"{at}: access denied ({code}): credentials refused: check aws.access.key.id / aws.secret.access.key",
+                                  component=COMPONENT)
             if code in _DENIED_CODES:
-                return FatalError(f"{at}: access denied ({code}): check aws.access.key.id / aws.secret.access.key "
-                                  f"and the policy of bucket {self.name}", component=COMPONENT)
+                action = ACTIONS.get(op, op)
+                return FatalError(f"{at}: access denied ({code}): {action} on {where} is not allowed (grant {action} on bucket "
+                                  f"{self.name} to the user of aws.access.key.id, or in the policy of bucket {self.name})",
+                                  component=COMPONENT)
             if code == "NoSuchBucket":
                 return FatalError(f"{at}: bucket {self.name} does not exist (s3.bucket.name)", component=COMPONENT)
             return FatalError(f"{at}: {code} (HTTP {status}) {msg}", component=COMPONENT)
+        cert = _cert_verification(exc) if isinstance(exc, SSLError) else None
+        if cert is not None:
+            why = cert.verify_message or cert.reason
+            return FatalError(f"{op} {where}: TLS: the certificate of {self.endpoint} is not trusted ({why}): set aws.ca.bundle "
+                              "to the CA file that signed it", component=COMPONENT)
         if isinstance(exc, (BotoConnectionError, HTTPClientError, IncompleteReadError)):
             return RetryableError(f"{op} {where}: cannot reach {self.endpoint} (s3.endpoint.url): {exc}", component=COMPONENT)
         if isinstance(exc, NoCredentialsError):
@@ -134,6 +171,21 @@ class Bucket:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _cert_verification(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification failure inside botocore's SSLError (wrapped by urllib3), if it is one."""
+    seen: set[int] = set()
+    todo: list[Any] = [exc]
+    while todo:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ssl.SSLCertVerificationError):
+            return e
+        todo += [e.__cause__, e.__context__, *e.args, *getattr(e, "kwargs", {}).values()]
+    return None
 
 
 def code_of(exc: ClientError) -> str:

@@ -12,11 +12,12 @@ after the other within the commit (S3 cannot publish several keys at once). Read
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from eosink.connectors.api.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
-from eosink.connectors.api.errors import FatalError
+from eosink.connectors.api.errors import ConfigError, FatalError
 from eosink.connectors.api.records import PartitionRange, SinkRecord, TxnManifest
 from eosink.connectors.api.sink import BatchingSink
 from eosink.connectors.common import heap
@@ -40,6 +41,10 @@ class S3Sink(BatchingSink):
         .define("aws.access.key.id", Type.STRING, None, "Access key id; unset uses the default AWS credential chain.", Importance.HIGH)
         .define("aws.secret.access.key", Type.PASSWORD, None, "Secret access key for aws.access.key.id.", Importance.HIGH)
         .define("aws.session.token", Type.PASSWORD, None, "Session token for temporary credentials.")
+        .define("aws.ca.bundle", Type.STRING, None, "PEM file of the certificate authorities to trust for an https "
+                "s3.endpoint.url signed by a private CA (MinIO or another S3 server with its own certificates): boto3's "
+                "verify, the AWS CLI's ca_bundle. Unset: the AWS_CA_BUNDLE environment variable, else the system's "
+                "trust store. Verification cannot be turned off.", Importance.MEDIUM)
         .define("format", Type.STRING, "jsonl", "jsonl: the value bytes, one record per line. parquet: columns inferred "
                 "from the JSON objects, plus __topic, __partition, __offset.", Importance.HIGH, one_of("jsonl", "parquet"))
         .define("s3.part.size", Type.LONG, 8 * MIB, "Size of the parts of each object's multipart upload (uploaded in "
@@ -70,11 +75,18 @@ class S3Sink(BatchingSink):
         client = make_client(endpoint_url=c["s3.endpoint.url"], region=c["s3.region"], access_key=c["aws.access.key.id"],
                              secret_key=c["aws.secret.access.key"], session_token=c["aws.session.token"],
                              max_attempts=int(c["s3.max.attempts"]), connections=conc + BOOKKEEPING_THREADS,
-                             path_style=bool(c["s3.path.style.access"]))
+                             path_style=bool(c["s3.path.style.access"]), ca_bundle=self._ca_bundle())
         self._bucket = Bucket(client, self.bucket_name, c["s3.endpoint.url"])
         self._txns = MultipartTxns(self._bucket, self.layout, part_size=int(c["s3.part.size"]), concurrency=conc)
         self._check_bucket(self._bucket)
         heap.keep_freed_memory()  # each cycle's object bodies reuse the last cycle's pages
+
+    def _ca_bundle(self) -> str | None:
+        path = self.config["aws.ca.bundle"]
+        if path and not os.path.isfile(path):
+            raise ConfigError(f"{path} is not a readable file (the CA certificates, PEM, that sign the endpoint's certificate)",
+                              key="aws.ca.bundle", source=f"connector '{self.connector}'")
+        return str(path) if path else None
 
     def _check_bucket(self, bucket: Bucket) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -82,6 +94,10 @@ class S3Sink(BatchingSink):
         try:
             bucket.client.head_bucket(Bucket=bucket.name)
         except ClientError as exc:
+            if status_of(exc) == 403:
+                # HEAD carries no error body: "wrong secret" and "policy denies" both read 403. A listing
+                # of at most one key (the same s3:ListBucket) gets S3's reason, and its error names it.
+                bucket.call("list_objects_v2", None, MaxKeys=1)
             if status_of(exc) != 404:
                 raise bucket.error(exc, "head_bucket", None) from exc
             if not self.config["s3.bucket.create"]:

@@ -42,6 +42,13 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
             help="Kafka bootstrap servers")
     setting(p, "--zookeeper", kind=typed.ZK_HOSTS, env="EOSINK_ZOOKEEPER", default=d["zookeeper"], help="ZooKeeper hosts")
     setting(p, "--cluster", kind=typed.WORD, env="EOSINK_CLUSTER", default="default", help="cluster name")
+    from eosink.worker.clients import zk_auth
+
+    zk_auth.add_args(p, zk_auth.stack_defaults())
+    setting(p, "--zookeeper-lock-open-tree", kind=typed.choice("true", "false"), env="EOSINK_ZOOKEEPER_LOCK_OPEN_TREE",
+            default="false", metavar="true|false",
+            help="once, with --zookeeper-user: take over a cluster tree left open to anyone by a run without "
+                 "credentials (after checking its connectors), instead of refusing to start")
 
 
 #: Kafka client settings a worker passes through to every consumer, producer and admin client.
@@ -71,19 +78,49 @@ def _require(value: str, what: str, flag: str, env: str) -> str:
     return value
 
 
+def resolve_kafka_settings(kafka: dict[str, str]) -> dict[str, str]:
+    """``kafka`` with ``${env:VAR}`` / ``${file:/path:key}`` resolved (``sasl.password=${file:/run/secrets/kafka:password}``),
+    so a worker's Kafka credentials need never be on its command line; credential values are registered with the
+    log redactor, as given and as resolved."""
+    from eosink.worker.control.config import resolve_providers
+    from eosink.worker.logging import register_secret, secret_looking
+
+    out = {k: str(resolve_providers(v, key=f"--kafka-property {k}")) for k, v in kafka.items()}
+    for key in out:
+        if secret_looking(key):
+            register_secret(kafka[key])
+            register_secret(out[key])
+    return out
+
+
+def _rest_tls(args: argparse.Namespace) -> object | None:
+    """The REST API's TLS context, built now: a bad certificate or key stops the worker before it joins the cluster."""
+    from eosink.connectors.api.errors import ConfigError
+    from eosink.worker.control.rest.tls import server_context
+
+    if not (args.rest_tls_cert or args.rest_tls_key):
+        return None
+    ctx = server_context(args.rest_tls_cert, args.rest_tls_key)
+    if args.rest_advertised_url.startswith("http://"):
+        raise ConfigError("must be an https:// URL when the REST API serves TLS (--rest-tls-cert)",
+                          key="--rest-advertised-url / EOSINK_REST_ADVERTISED_URL")
+    return ctx
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
+    from eosink.worker.clients import zk_auth
     from eosink.worker.control.rest.auth import RestAuth
     from eosink.worker.control.runner import Worker, WorkerOptions
-    from eosink.worker.logging import configure, get_logger, register_secret
+    from eosink.worker.logging import configure, get_logger, install_process_hooks, register_environment_secrets, register_secret
 
     configure(args.log_level)
-    kafka = kafka_settings(args.kafka_property)
-    auth = RestAuth.from_settings(args.rest_basic_auth, args.rest_token)
-    for key, value in kafka.items():
-        if any(w in key for w in ("password", "secret", "jaas")):
-            register_secret(value)
-    for secret in (args.rest_token, (args.rest_basic_auth or "").partition(":")[2]):
-        register_secret(secret or "")
+    install_process_hooks()
+    register_environment_secrets()
+    kafka = resolve_kafka_settings(kafka_settings(args.kafka_property))
+    auth = RestAuth.from_settings(args.rest_basic_auth, args.rest_token, args.rest_basic_auth_file, args.rest_token_file)
+    for secret in auth.secrets() if auth else []:
+        register_secret(secret)
+    tls = _rest_tls(args)
     opts = WorkerOptions(
         bootstrap=_require(args.bootstrap_servers, "Kafka bootstrap servers", "--bootstrap-servers", "EOSINK_BOOTSTRAP_SERVERS"),
         zookeeper=_require(args.zookeeper, "ZooKeeper hosts", "--zookeeper", "EOSINK_ZOOKEEPER"),
@@ -95,10 +132,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
         rest_advertised_url=args.rest_advertised_url,
         rest_auth=auth,
         kafka=kafka,
+        rest_tls=tls,
+        zookeeper_credentials=zk_auth.credentials(args),
+        zookeeper_ca_file=zk_auth.ca_file(args),
+        zookeeper_lock_open_tree=args.zookeeper_lock_open_tree == "true",
     )
     get_logger("eosink.worker.clients.cli").info("worker_configuring", cluster=opts.cluster, bootstrap=opts.bootstrap,
                                   zookeeper=opts.zookeeper, rest=f"{opts.rest_host}:{opts.rest_port}" if opts.rest_port else "off",
                                   rest_auth=("basic" if auth and auth.basic else "") + ("+token" if auth and auth.token else ""),
+                                  rest_tls=tls is not None,
                                   kafka_settings=sorted(kafka))
     from eosink.worker.control.preflight import check_kafka
 
@@ -143,10 +185,19 @@ def build_parser() -> argparse.ArgumentParser:
     setting(w, "--rest-basic-auth", kind=typed.USER_PASSWORD, env="EOSINK_REST_BASIC_AUTH", metavar="USER:PASSWORD",
             help="require HTTP basic auth on the REST API")
     setting(w, "--rest-token", kind=typed.TEXT, env="EOSINK_REST_TOKEN", help="require this bearer token on the REST API")
+    setting(w, "--rest-basic-auth-file", kind=typed.TEXT, env="EOSINK_REST_BASIC_AUTH_FILE", metavar="PATH",
+            help="like --rest-basic-auth, read from the first line of this file (kept off the command line)")
+    setting(w, "--rest-token-file", kind=typed.TEXT, env="EOSINK_REST_TOKEN_FILE", metavar="PATH",
+            help="like --rest-token, read from the first line of this file")
+    setting(w, "--rest-tls-cert", kind=typed.TEXT, env="EOSINK_REST_TLS_CERT", default="", metavar="PEM",
+            help="serve the REST API over TLS (1.2+) with this certificate (chain after the leaf); needs --rest-tls-key")
+    setting(w, "--rest-tls-key", kind=typed.TEXT, env="EOSINK_REST_TLS_KEY", default="", metavar="PEM",
+            help="the private key of --rest-tls-cert (unencrypted PEM)")
     w.add_argument("--kafka-property", action="append", default=[], metavar="KEY=VALUE",
                    type=lambda v: typed.read(typed.KEY_VALUE, v, "--kafka-property"),
                    help="Kafka client setting for every consumer/producer/admin, e.g. security.protocol=SASL_SSL "
-                        "(also EOSINK_KAFKA_SECURITY_PROTOCOL, EOSINK_KAFKA_SASL_USERNAME, EOSINK_KAFKA_SSL_CA_LOCATION, ...)")
+                        "(also EOSINK_KAFKA_SECURITY_PROTOCOL, EOSINK_KAFKA_SASL_USERNAME, EOSINK_KAFKA_SSL_CA_LOCATION, ...); "
+                        "a value may be ${env:VAR} or ${file:/path:key}: sasl.password=${file:/run/secrets/kafka:password}")
     setting(w, "--log-level", kind=typed.LOG_LEVEL, env="EOSINK_LOG_LEVEL", default="INFO", help="log level")
     w.set_defaults(func=cmd_worker)
 

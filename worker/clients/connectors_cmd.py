@@ -9,11 +9,15 @@
     eosink connectors transactions NAME                 prepared / in-doubt transactions (the runbook's view)
 
 ``--url`` (``EOSINK_URL``, default http://127.0.0.1:8083); credentials from ``EOSINK_REST_BASIC_AUTH``
-(USER:PASSWORD) or ``EOSINK_REST_TOKEN``, the same variables the worker reads.
+(USER:PASSWORD) or ``EOSINK_REST_TOKEN``, the same variables the worker reads, or from a file
+(``EOSINK_REST_BASIC_AUTH_FILE``, ``EOSINK_REST_TOKEN_FILE``: its first line), and a value may be a
+``${env:VAR}`` / ``${file:/path:key}`` reference. An https worker is verified against ``--rest-ca``
+(``EOSINK_REST_CA``), else the system's trust store.
 
 **Direct mode**, for bootstrapping a cluster before any worker serves REST: ``--zookeeper HOSTS``
 (with ``--cluster``) makes ``apply``, ``list`` and ``delete`` write ZooKeeper directly, with the same
-validation. Every other action needs a worker.
+validation, as the workers' ZooKeeper principal (``--zookeeper-user``, ``EOSINK_ZOOKEEPER_PASSWORD``).
+Every other action needs a worker.
 """
 
 from __future__ import annotations
@@ -53,8 +57,16 @@ def add_parser(sub: Any) -> None:
     setting(c, "--basic-auth", kind=typed.USER_PASSWORD, env="EOSINK_REST_BASIC_AUTH", metavar="USER:PASSWORD",
             help="HTTP basic credentials")
     setting(c, "--token", kind=typed.TEXT, env="EOSINK_REST_TOKEN", help="bearer token")
+    setting(c, "--basic-auth-file", kind=typed.TEXT, env="EOSINK_REST_BASIC_AUTH_FILE", metavar="PATH",
+            help="USER:PASSWORD from the first line of this file")
+    setting(c, "--token-file", kind=typed.TEXT, env="EOSINK_REST_TOKEN_FILE", metavar="PATH", help="bearer token from this file")
+    setting(c, "--rest-ca", kind=typed.TEXT, env="EOSINK_REST_CA", metavar="PEM",
+            help="CA certificate that signed an https worker's certificate (default: the system's trust store)")
     setting(c, "--zookeeper", kind=typed.ZK_HOSTS, help="direct mode: write ZooKeeper instead of calling a worker (bootstrap)")
     setting(c, "--cluster", kind=typed.WORD, env="EOSINK_CLUSTER", default="default", help="direct mode: cluster name")
+    from eosink.worker.clients import zk_auth
+
+    zk_auth.add_args(c, zk_auth.stack_defaults())  # direct mode: the workers' ZooKeeper credentials
     c.add_argument("--bootstrap-servers", help=argparse.SUPPRESS)  # accepted for compatibility; unused
     a = c.add_subparsers(dest="action", required=True)
     p = a.add_parser("apply", help="create or update connectors from JSON files (or directories of them)")
@@ -106,16 +118,18 @@ def run(args: argparse.Namespace) -> int:
         return _direct(args)
     from eosink.worker.clients.rest_client import RestClient
 
-    return _rest(args, RestClient(args.url, basic=args.basic_auth, token=args.token))
+    return _rest(args, RestClient(args.url, basic=args.basic_auth, token=args.token, basic_file=args.basic_auth_file,
+                                  token_file=args.token_file, ca=args.rest_ca or None))
 
 
 def _direct(args: argparse.Namespace) -> int:
+    from eosink.worker.clients import zk_auth
     from eosink.worker.control.config import load_connector_file
     from eosink.worker.control.store import ConnectorStore
     from eosink.worker.engine.zk import ZkSession
 
     configs = [load_connector_file(f, resolve=False) for f in _files(args.files)] if args.action == "apply" else []
-    session = ZkSession(args.zookeeper, args.cluster).start()
+    session = ZkSession(args.zookeeper, args.cluster, credentials=zk_auth.credentials(args), ca_file=zk_auth.ca_file(args)).start()
     try:
         store = ConnectorStore(session)
         if args.action == "apply":

@@ -28,7 +28,7 @@ from eosink.worker.engine.decision import ZooKeeperDecisionLog
 from eosink.worker.engine.source import KafkaSource
 from eosink.worker.engine.task import SinkTask
 from eosink.worker.engine.types import TaskSettings
-from eosink.worker.engine.zk import ZkSession
+from eosink.worker.engine.zk import ZkCredentials, ZkSession
 from eosink.worker.logging import get_logger, register_secret, run_in_context
 from eosink.worker.transforms import build_chain
 
@@ -51,9 +51,17 @@ class WorkerOptions:
     rest_port: int = 0
     rest_advertised_url: str = ""
     rest_auth: RestAuth | None = None
+    rest_tls: Any = None  # ssl.SSLContext: the REST API serves https (eosink.worker.control.rest.tls.server_context)
     #: Kafka client settings passed through to every consumer, producer and admin client
     #: (``security.protocol``, ``sasl.*``, ``ssl.*``).
     kafka: dict[str, str] = field(default_factory=dict)
+    #: The digest principal this worker authenticates to ZooKeeper as; every znode it creates is that
+    #: principal's alone (:mod:`eosink.worker.engine.zk`). None: no authentication, znodes open to anyone.
+    zookeeper_credentials: ZkCredentials | None = None
+    #: Connect to ZooKeeper over TLS, verifying it against this CA file; None = plaintext.
+    zookeeper_ca_file: str | None = None
+    #: Take over a cluster tree left open by a run without credentials instead of refusing to start.
+    zookeeper_lock_open_tree: bool = False
 
     def __post_init__(self) -> None:
         if not self.worker_id:
@@ -83,7 +91,8 @@ class Worker:
 
     def __init__(self, options: WorkerOptions) -> None:
         self.options = options
-        self.session = ZkSession(options.zookeeper, options.cluster, options.session_timeout_s)
+        self.session = ZkSession(options.zookeeper, options.cluster, options.session_timeout_s, options.zookeeper_credentials,
+                                 options.zookeeper_ca_file)
         self.membership = Membership(self.session, options.worker_id, TopicPartitions(options.bootstrap, options.kafka))
         self.status = StatusPublisher(self.session, options.worker_id)
         self.running: dict[str, _Running] = {}
@@ -122,7 +131,7 @@ class Worker:
     def rest_url(self) -> str | None:
         if self.options.rest_advertised_url:
             return self.options.rest_advertised_url
-        return f"http://{socket.gethostname()}:{self.rest.port}" if self.rest is not None else None
+        return f"{self.rest.scheme}://{socket.gethostname()}:{self.rest.port}" if self.rest is not None else None
 
     # -- what the metrics read at scrape time (eosink.worker.metrics.WorkerView) --------------------
     def zookeeper_connected(self) -> bool:
@@ -136,12 +145,13 @@ class Worker:
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
+        self.session.start(lock_open_tree=self.options.zookeeper_lock_open_tree)
         metrics.track_worker(self)
-        self.session.start()
         if self.options.rest_port or self.options.rest_advertised_url:
             from eosink.worker.control.rest import RestServer
 
-            self.rest = RestServer(self, self.options.rest_host, self.options.rest_port, self.options.rest_auth).start()
+            self.rest = RestServer(self, self.options.rest_host, self.options.rest_port, self.options.rest_auth,
+                                   self.options.rest_tls).start()
         self._register()
         self.membership.watch(self._wake.set)
         self.registered = True

@@ -4,21 +4,88 @@ kazoo reports SUSPENDED when the connection drops and LOST only once the server 
 session expired - which a client cut off from the server may not hear until it reconnects
 (measured with kazoo). So: on SUSPENDED stop deciding at once; once a full session timeout has passed
 on the local clock since the suspension, treat every partition as lost (``session_probably_lost``).
+
+**Credentials.** With :class:`ZkCredentials` the session authenticates with ZooKeeper's ``digest``
+scheme (which sends the password as it is: give a ``ca_file`` too, for TLS) and creates every
+znode with an ACL that gives that principal alone every permission: nobody else may read (configs
+may hold secrets) or write (the decision log is the commit point) the cluster's tree. The ACLs of the tree:
+
+``/eosink``                    ``world:anyone`` CREATE only: each cluster, under its own principal,
+                               creates ``/eosink/<cluster>`` beside the others; nobody may delete,
+                               list, or re-ACL it (only ZooKeeper's super user can);
+``/eosink/<cluster>`` and all  ``digest:<user>:<hash>`` ALL, nothing for anyone else.
+below
+
+A cluster root that ``world:anyone`` may use (left by a run without credentials) is refused:
+whatever is in it may have been written by anyone, so a worker never adopts it silently;
+:func:`lock_open_tree_acls` takes it over when an operator asks for it explicitly.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from dataclasses import dataclass, field
 
 from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError, SessionClosedRequireSaslError
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.security import ACL, ANYONE_ID_UNSAFE, OPEN_ACL_UNSAFE, Permissions, make_digest_acl
 
-from eosink.connectors.api.errors import CoordinatorUnavailableError
+from eosink.connectors.api.errors import CoordinatorUnavailableError, FatalError
 from eosink.worker import paths
 from eosink.worker.logging import get_logger
 
 log = get_logger("eosink.worker.engine.zk")
+
+#: Where the credentials come from, as an error names them.
+CREDENTIAL_SETTINGS = "--zookeeper-user / EOSINK_ZOOKEEPER_USER and EOSINK_ZOOKEEPER_PASSWORD or --zookeeper-password-file"
+
+#: ``/eosink``'s ACL: anyone may create a cluster root under it, nothing else (see the module docstring).
+TOP_ACL = [ACL(Permissions.CREATE, ANYONE_ID_UNSAFE)]
+
+
+class _StartLogger(logging.LoggerAdapter):
+    """kazoo's logger, muted until the session is started and allowed into the cluster's tree.
+
+    A refused start (no credentials, a server that is away) is reported as one error; kazoo's own
+    lines about the connection the server closed would only bury it.
+    """
+
+    quiet = True
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: object) -> None:
+        if not self.quiet:
+            super().log(level, msg, *args, **kwargs)  # type: ignore[arg-type]
+
+
+class CoordinatorAuthError(FatalError):
+    """ZooKeeper refused this process's identity for the cluster's tree (no credentials against a server or
+    tree that requires them, a wrong password, or a tree owned by another principal): an operator fixes
+    the settings; retrying cannot help."""
+
+
+class OpenTreeError(FatalError):
+    """The cluster's tree is open to anyone (made by a run without credentials): refused until an operator
+    takes it over (:func:`lock_open_tree_acls`) or removes it."""
+
+
+@dataclass(frozen=True)
+class ZkCredentials:
+    """A digest principal: ``user`` and ``password`` (never shown: ``repr`` hides it)."""
+
+    user: str
+    password: str = field(repr=False)
+
+    @property
+    def auth_data(self) -> list[tuple[str, str]]:
+        return [("digest", f"{self.user}:{self.password}")]
+
+    @property
+    def acl(self) -> list[ACL]:
+        """Every permission for this principal, none for anyone else."""
+        return [make_digest_acl(self.user, self.password, all=True)]
 
 
 class ZkSession:
@@ -26,28 +93,100 @@ class ZkSession:
 
     timeout_exception = KazooTimeoutError
 
-    def __init__(self, hosts: str, cluster: str = "default", session_timeout: float = 10.0) -> None:
+    def __init__(self, hosts: str, cluster: str = "default", session_timeout: float = 10.0,
+                 credentials: ZkCredentials | None = None, ca_file: str | None = None) -> None:
+        """``ca_file``: connect over TLS, verifying the server's certificate and host name against this CA."""
         self.root = paths.cluster_root(cluster)
         self.session_timeout = session_timeout
         self.request_timeout = max(2.0, session_timeout / 2)
-        self.client = KazooClient(hosts=hosts, timeout=session_timeout)
+        self.credentials = credentials
+        self.hosts = hosts
+        self._kazoo_log = _StartLogger(logging.getLogger("kazoo.client"), {})
+        # kazoo sends auth_data right after every (re)connect, before any request: a server that enforces
+        # authentication never sees an unauthenticated request from this session.
+        self.client = KazooClient(hosts=hosts, timeout=session_timeout,
+                                  auth_data=credentials.auth_data if credentials else None,
+                                  default_acl=credentials.acl if credentials else None, logger=self._kazoo_log,
+                                  use_ssl=ca_file is not None, ca=ca_file, verify_certs=True, check_hostname=ca_file is not None)
+        self.ca_file = ca_file
         self._state = KazooState.LOST
         self._suspended_at: float | None = None
         self._lock = threading.Lock()
         self._stopping = False
         self.client.add_listener(self._on_state)
 
-    def start(self, timeout: float = 30.0) -> ZkSession:
+    def start(self, timeout: float = 30.0, lock_open_tree: bool = False) -> ZkSession:
+        """Connect and make sure this process may use the cluster's tree, creating its root if needed.
+
+        ``lock_open_tree``: take over a root left open by a run without credentials (see
+        :func:`lock_open_tree_acls`) instead of refusing it.
+        """
         try:
             self.client.start(timeout=timeout)
         except KazooTimeoutError as exc:
-            raise CoordinatorUnavailableError(f"cannot connect to ZooKeeper at {self.client.hosts}", component="zookeeper") from exc
+            how = f"over TLS trusting {self.ca_file}" if self.ca_file else "without TLS (a TLS-only server? set --zookeeper-ca-file)"
+            raise CoordinatorUnavailableError(f"cannot connect to ZooKeeper at {self.hosts} {how}", component="zookeeper") from exc
         self._state = KazooState.CONNECTED
-        self.client.ensure_path(self.root)
+        try:
+            self._ensure_root(lock_open_tree)
+        except BaseException:
+            self.stop()
+            raise
+        self._kazoo_log.quiet = False
         return self
+
+    def _ensure_root(self, lock_open_tree: bool) -> None:
+        try:
+            if self.credentials is None:
+                # Open to anyone, as before credentials existed; created without ensure_path, whose
+                # exists("/eosink") a parent made by a worker with credentials refuses.
+                _create(self.client, paths.ROOT, OPEN_ACL_UNSAFE)
+                _create(self.client, self.root, OPEN_ACL_UNSAFE)
+                self.client.get(self.root)  # a tree protected by ACLs refuses even this
+                return
+            _create(self.client, paths.ROOT, TOP_ACL)
+            self._warn_if_parent_open()
+            _create(self.client, self.root, self.credentials.acl)
+            acls, _ = self.client.get_acls(self.root)
+            if any(a.id == ANYONE_ID_UNSAFE and a.perms for a in acls):
+                if not lock_open_tree:
+                    raise OpenTreeError(
+                        f"{self.root} is open to anyone (world:anyone), made by a worker without credentials, so anyone may "
+                        f"have written it: stop that cluster's workers, check its connectors, then start one worker once "
+                        f"with --zookeeper-lock-open-tree (EOSINK_ZOOKEEPER_LOCK_OPEN_TREE=true) to give the tree to user "
+                        f"{self.credentials.user}, or delete {self.root} as ZooKeeper's super user",
+                        component="zookeeper")
+                locked = lock_open_tree_acls(self.client, self.root, self.credentials.acl)
+                log.warning("zookeeper_tree_locked", root=self.root, user=self.credentials.user, znodes=locked)
+            self.client.get(self.root)
+        except SessionClosedRequireSaslError:
+            raise CoordinatorAuthError(
+                f"ZooKeeper at {self.hosts} requires authentication and closed the session before {self.root} "
+                f"could be read: no credentials given (set {CREDENTIAL_SETTINGS})", component="zookeeper") from None
+        except NoAuthError:
+            if self.credentials is None:
+                raise CoordinatorAuthError(
+                    f"not authorized for {self.root} without credentials: its ACLs admit one principal (set {CREDENTIAL_SETTINGS})",
+                    component="zookeeper") from None
+            raise CoordinatorAuthError(
+                f"not authorized for {self.root} as user {self.credentials.user}: a wrong password, or the tree belongs to "
+                f"another principal (check {CREDENTIAL_SETTINGS})", component="zookeeper") from None
+
+    def _warn_if_parent_open(self) -> None:
+        """``/eosink`` made by a run without credentials lets anyone re-ACL it and so stop new clusters from being
+        created (never touch an existing one: deleting or changing a cluster's root needs that cluster's ACLs).
+        Worth a warning, not a refusal: only ZooKeeper's super user can change it."""
+        try:
+            acls, _ = self.client.get_acls(paths.ROOT)
+        except NoAuthError:
+            return  # TOP_ACL: not even readable
+        if any(a.id == ANYONE_ID_UNSAFE and a.perms & ~Permissions.CREATE for a in acls):
+            log.warning("zookeeper_parent_open", path=paths.ROOT,
+                        fix=f"as ZooKeeper's super user: setAcl {paths.ROOT} world:anyone:c")
 
     def stop(self) -> None:
         self._stopping = True  # a LOST state from our own close is not news
+        self._kazoo_log.quiet = True
         try:
             self.client.stop()
             self.client.close()
@@ -81,6 +220,42 @@ class ZkSession:
         deadline = time.monotonic() + (wait if wait is not None else self.request_timeout)
         while not self.can_decide():
             if time.monotonic() > deadline:
-                raise CoordinatorUnavailableError(f"not connected to ZooKeeper ({self._state}) at {self.client.hosts}",
+                raise CoordinatorUnavailableError(f"not connected to ZooKeeper ({self._state}) at {self.hosts}",
                                                   component="zookeeper")
             time.sleep(0.05)
+
+
+def _create(client: KazooClient, path: str, acl: list[ACL]) -> None:
+    """Create ``path`` with ``acl`` unless it exists. Not ``ensure_path``: its ``exists`` needs READ on
+    the path, which ``/eosink`` gives nobody."""
+    try:
+        client.create(path, acl=acl)
+    except NodeExistsError:
+        pass
+
+
+def lock_open_tree_acls(client: KazooClient, root: str, acl: list[ACL]) -> int:
+    """Give every znode under ``root`` (then ``root`` itself, last) the ACL ``acl``; returns how many.
+
+    Leaves first and the root last, so a root no longer open means the whole tree was done: an
+    interrupted run leaves the root open and is refused again, and running it again finishes it.
+    Needs ADMIN on every znode, which a tree made without credentials gives anyone.
+    """
+    count = 0
+
+    def walk(path: str) -> None:
+        nonlocal count
+        try:
+            children = client.get_children(path)
+        except NoNodeError:
+            return  # an ephemeral znode gone meanwhile
+        for child in children:
+            walk(f"{path}/{child}")
+        try:
+            client.set_acls(path, acl)
+            count += 1
+        except NoNodeError:
+            pass
+
+    walk(root)
+    return count

@@ -87,7 +87,11 @@ def _reset(ep: Endpoints, home: Path, partitions: int) -> None:
             break
         except Exception:  # noqa: BLE001 - deletion still settling
             time.sleep(0.3)
-    zk = KazooClient(hosts=ep.zookeeper_hosts)
+    from eosink.worker.clients.zk_auth import stack_security
+
+    creds, ca = stack_security()  # a secure stack's ZooKeeper: TLS, and a tree the workers' principal's alone
+    zk = KazooClient(hosts=ep.zookeeper_hosts, auth_data=creds.auth_data if creds else None,
+                     default_acl=creds.acl if creds else None, use_ssl=ca is not None, ca=ca, check_hostname=ca is not None)
     zk.start(timeout=20)
     root = paths.cluster_root("default")
     for path in (paths.partitions(root, CONNECTOR), paths.connector(root, CONNECTOR)):

@@ -4,12 +4,19 @@ No web framework: the API is a routing table (:data:`eosink.worker.control.rest.
 calls, and the stdlib server keeps the worker image and its dependency set small. The handler
 reads the body (Content-Length or chunked, at most :data:`MAX_BODY`), routes, authenticates,
 maps every failure to Kafka Connect's ``{"error_code", "message"}`` - ZooKeeper being away is a
-503, anything unexpected a logged 500 - and redacts registered secrets from every response.
+503, anything unexpected a logged 500 - and redacts registered secrets from every response
+(``/metrics`` text included).
+
+With a TLS context (:func:`eosink.worker.control.rest.tls.server_context`) the listening socket is
+wrapped, and each connection's handshake runs in that connection's own thread: done in the accept
+loop, one client that connects and says nothing would stall every other request.
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -71,6 +78,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
         pass  # our own structured access log below
+
+    def setup(self) -> None:
+        super().setup()  # applies ``timeout`` to the socket: a stalled handshake gives up too
+        if isinstance(self.connection, ssl.SSLSocket):
+            self.connection.do_handshake()
 
     def _body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -142,6 +154,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, r: Response, head: bool = False) -> None:
         if r.raw is not None:
             data = r.raw
+            if r.content_type.startswith("text/"):
+                data = redact(data.decode(errors="replace")).encode()
         elif r.body is None:
             data = b""
         else:
@@ -157,15 +171,32 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
 
+class _Server(ThreadingHTTPServer):
+    """A failed connection (a TLS handshake refused, a client gone) is a debug line, not socketserver's traceback on stderr."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ssl.SSLError, ConnectionError, socket.timeout, TimeoutError)):
+            log.debug("rest_connection_failed", client=client_address[0], error=str(exc), error_class=type(exc).__name__)
+        else:
+            log.warning("rest_connection_failed", client=client_address[0], error=str(exc), error_class=type(exc).__name__)
+
+
 class RestServer:
     """Started by the worker once its ZooKeeper session is up; stopped at shutdown."""
 
-    def __init__(self, worker: WorkerView, host: str, port: int, auth: RestAuth | None = None) -> None:
+    def __init__(self, worker: WorkerView, host: str, port: int, auth: RestAuth | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         handler = type("Handler", (_Handler,), {"api": ConnectApi(worker), "auth": auth})
         try:
-            self.httpd = ThreadingHTTPServer((host, port), handler)
+            self.httpd = _Server((host, port), handler)
         except OSError as exc:
             raise EosinkError(f"cannot serve the REST API on {host}:{port}: {exc.strerror}", component="rest") from None
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True, do_handshake_on_connect=False)
+        self.scheme = "https" if tls is not None else "http"
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self._thread: threading.Thread | None = None
@@ -174,7 +205,7 @@ class RestServer:
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2}, name="rest",
                                         daemon=True)
         self._thread.start()
-        log.info("rest_listening", host=self.httpd.server_address[0], port=self.port)
+        log.info("rest_listening", host=self.httpd.server_address[0], port=self.port, scheme=self.scheme)
         return self
 
     def stop(self) -> None:

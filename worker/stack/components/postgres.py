@@ -6,6 +6,11 @@ cannot traverse homes like ``/root``; ``/tmp`` is traversable by everyone, and i
 keeps the unix socket under the 107-byte limit however deep ``EOSINK_HOME`` is. The stack dir
 keeps a marker (``postgres/initialized``); a data dir whose marker is gone belongs to a stack
 that was wiped (``make clean``), and is removed rather than silently reused.
+
+**Secure stack** (``layout.secure``, see :mod:`eosink.worker.stack.pg_secure`): TLS with the
+stack's server certificate, ``scram-sha-256`` over ``hostssl`` only, the admin role ``eosink``
+with a password, and the sink role ``eosink_sink`` that owns its own schema and nothing else.
+Clients find the password in a pgpass file (libpq ``passfile=``), so no DSN carries one.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from eosink.worker.stack import proc
+from eosink.worker.stack import pg_secure, proc
+from eosink.worker.stack import secure as secure_material
 from eosink.worker.stack.components.base import Component
 from eosink.worker.stack.layout import HOST
 
@@ -54,11 +60,23 @@ class Postgres(Component):
     def ports(self) -> dict[str, int]:
         return {PORT_ENV: self.layout.port(PORT_ENV)}
 
-    def dsn(self, database: str = DATABASE) -> str:
-        return f"postgresql://{USER}@{HOST}:{self.layout.port(PORT_ENV)}/{database}"
+    def dsn(self, database: str = DATABASE, user: str = USER) -> str:
+        """The admin's DSN (``user`` for another role); on a secure stack with TLS verified and the
+        password in the stack's pgpass file, never in the DSN itself."""
+        base = f"postgresql://{user}@{HOST}:{self.layout.port(PORT_ENV)}/{database}"
+        if not self.layout.secure:
+            return base
+        return base + "?" + pg_secure.client_params(secure_material.material(self.layout))
 
     def endpoint(self) -> dict[str, Any]:
-        return {"dsn": self.dsn(), "port": self.layout.port(PORT_ENV)}
+        entry: dict[str, Any] = {"dsn": self.dsn(), "port": self.layout.port(PORT_ENV)}
+        if self.layout.secure:
+            m = secure_material.material(self.layout)
+            entry |= {"sink_dsn": self.dsn(user=pg_secure.SINK_ROLE), "sink_user": pg_secure.SINK_ROLE,
+                      "sink_schema": pg_secure.SINK_SCHEMA, "sslrootcert": str(m.ca_cert),
+                      "passfile": str(pg_secure.passfile(m)),
+                      "sink_password": m.reference(pg_secure.SINK_PASSWORD_ROLE)}
+        return entry
 
     def address(self) -> str:
         return self.dsn()
@@ -87,6 +105,12 @@ class Postgres(Component):
         except Exception as e:  # noqa: BLE001 - whatever failed, stop the server we started, then report it
             self.terminate(pid)
             raise self.fail(f"the server started but creating database {DATABASE!r} failed: {e}") from None
+        if self.layout.secure:
+            try:
+                pg_secure.provision(self.dsn(DATABASE), secure_material.material(self.layout), DATABASE)
+            except Exception as e:  # noqa: BLE001 - as above: never leave a half-provisioned server running
+                self.terminate(pid)
+                raise self.fail(f"the server started but creating the sink role failed: {e}") from None
         self.marker.write_text(f"{self.base_dir}\n")
         return pid
 
@@ -141,10 +165,13 @@ class Postgres(Component):
             for path in (self.base_dir, self.pgdata, self.base_dir / "socket"):
                 path.mkdir(mode=0o700, exist_ok=True)
                 self._chown(path)
-            argv = [str(bindir / "initdb"), "-D", str(self.pgdata), "-U", USER, "--auth=trust",
-                    "-E", "UTF8", "--locale=C"]
-            if self._run(argv) != 0:
-                raise self.fail(f"initdb failed for {self.pgdata}")
+            argv = [str(bindir / "initdb"), "-D", str(self.pgdata), "-U", USER, "-E", "UTF8", "--locale=C"]
+            if self.layout.secure:
+                self._initdb_secure(argv)
+            else:
+                argv.append("--auth=trust")
+                if self._run(argv) != 0:
+                    raise self.fail(f"initdb failed for {self.pgdata}")
         (self.base_dir / "socket").mkdir(mode=0o700, exist_ok=True)
         self._chown(self.base_dir / "socket")
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -160,6 +187,7 @@ class Postgres(Component):
             "logging_collector = off",  # stderr is postgres.log (see launch)
             "log_destination = 'stderr'",
             "log_line_prefix = '%m [%p] '",
+            *(self._secure_settings() if self.layout.secure else []),
             "",
         ]))
         self._chown(conf)
@@ -168,6 +196,42 @@ class Postgres(Component):
         if include not in main_conf.read_text():
             with open(main_conf, "a") as f:
                 f.write(f"\n{include}\n")
+
+    # -- secure stack ---------------------------------------------------------------------------
+    def _initdb_secure(self, argv: list[str]) -> None:
+        """initdb with the admin's password from the start: the server never runs with ``trust``.
+
+        The password file sits in the (0700, server-owned) base dir for the run of initdb only.
+        """
+        m = secure_material.material(self.layout)
+        pwfile = self.base_dir / ".pwfile"
+        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(m.password(pg_secure.ADMIN_PASSWORD_ROLE) + "\n")
+        self._chown(pwfile)
+        try:
+            code = self._run([*argv, "--auth-local=peer", "--auth-host=scram-sha-256", f"--pwfile={pwfile}"])
+        finally:
+            pwfile.unlink(missing_ok=True)
+        if code != 0:
+            raise self.fail(f"initdb failed for {self.pgdata}")
+
+    def _secure_settings(self) -> list[str]:
+        """TLS and authentication, rewritten on every start with the stack's current certificate."""
+        m = secure_material.material(self.layout)
+        for src, name in ((m.server_cert, pg_secure.CERT_FILE), (m.server_key, pg_secure.KEY_FILE)):
+            dest = self.pgdata / name
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(src.read_bytes())
+            os.chmod(dest, 0o600)  # an existing file keeps its mode through O_CREAT: PostgreSQL refuses a readable key
+            self._chown(dest)
+        server_user = SERVER_USER if _is_root() else pwd.getpwuid(os.geteuid()).pw_name
+        for name, text in ((pg_secure.HBA_FILE, pg_secure.hba()), (pg_secure.IDENT_FILE, pg_secure.ident(server_user))):
+            (self.pgdata / name).write_text(text)
+            self._chown(self.pgdata / name)
+        pg_secure.write_passfile(m, self.layout.port(PORT_ENV))
+        return pg_secure.server_settings()
 
     def _discard_orphan(self, bindir: Path) -> None:
         """Remove the data dir of a wiped stack, stopping its server first if one still runs."""

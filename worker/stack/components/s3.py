@@ -4,6 +4,12 @@ MinIO keeps its objects on disk under the stack's data directory, so a restart (
 and ``up``, or a SIGKILL in a crash test) keeps every bucket, object and unfinished multipart
 upload. The S3 API listens on ``EOSINK_S3_PORT``, the web console on ``EOSINK_S3_CONSOLE_PORT``,
 both on 127.0.0.1 only.
+
+**Secure stack** (``layout.secure``, see :mod:`eosink.worker.stack.s3_secure`): HTTPS only, with
+the stack's certificate; the root user's secret is the generated ``s3.root`` one, and the sink
+user ``eosink-sink`` may use one bucket. The endpoint entry then holds no credentials at all:
+``boto3.client("s3", **endpoint)`` gets the https URL, the region and ``verify=<the stack's CA>``,
+and the caller adds the keys of the principal it acts as (``secure.Material``).
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eosink.worker.stack import gotools, proc
+from eosink.worker.stack import gotools, proc, s3_secure
+from eosink.worker.stack import secure as secure_material
 from eosink.worker.stack.components.base import Component
 from eosink.worker.stack.layout import HOST
 
@@ -26,14 +33,16 @@ VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 CREDENTIALS = {"aws_access_key_id": "eosink", "aws_secret_access_key": "eosink-minio-secret", "region_name": "us-east-1"}
 
 
-def server_argv(binary: Path, data_dir: Path, api_port: int, console_port: int) -> list[str]:
+def server_argv(binary: Path, data_dir: Path, api_port: int, console_port: int, certs_dir: Path | None = None) -> list[str]:
+    certs = ["--certs-dir", str(certs_dir)] if certs_dir is not None else []
     return [str(binary), "server", str(data_dir), "--address", f"{HOST}:{api_port}",
-            "--console-address", f"{HOST}:{console_port}", "--quiet"]
+            "--console-address", f"{HOST}:{console_port}", *certs, "--quiet"]
 
 
-def server_env() -> dict[str, str]:
-    return {**os.environ, "MINIO_ROOT_USER": CREDENTIALS["aws_access_key_id"],
-            "MINIO_ROOT_PASSWORD": CREDENTIALS["aws_secret_access_key"], "MINIO_REGION": CREDENTIALS["region_name"],
+def server_env(root: tuple[str, str] | None = None) -> dict[str, str]:
+    """The server's environment; ``root``: (user, secret) of a secure stack instead of the open one's."""
+    user, secret = root or (CREDENTIALS["aws_access_key_id"], CREDENTIALS["aws_secret_access_key"])
+    return {**os.environ, "MINIO_ROOT_USER": user, "MINIO_ROOT_PASSWORD": secret, "MINIO_REGION": CREDENTIALS["region_name"],
             "MINIO_UPDATE": "off"}
 
 
@@ -52,22 +61,44 @@ class S3(Component):
         return {PORT_ENV: self.layout.port(PORT_ENV), CONSOLE_PORT_ENV: self.layout.port(CONSOLE_PORT_ENV)}
 
     def endpoint(self) -> dict[str, Any]:
+        if self.layout.secure:
+            m = secure_material.material(self.layout)
+            return {"endpoint_url": self.address(), "region_name": CREDENTIALS["region_name"], "verify": str(m.ca_cert)}
         return {"endpoint_url": self.address(), **CREDENTIALS}
 
     def address(self) -> str:
-        return f"http://{HOST}:{self.layout.port(PORT_ENV)}"
+        scheme = "https" if self.layout.secure else "http"
+        return f"{scheme}://{HOST}:{self.layout.port(PORT_ENV)}"
+
+    def _root(self) -> tuple[str, str] | None:
+        if not self.layout.secure:
+            return None
+        m = secure_material.material(self.layout)
+        return m.user(s3_secure.ROOT_ROLE), m.password(s3_secure.ROOT_ROLE)
 
     def prepare(self, report: Callable[[str], None]) -> None:
         binary(report)
 
     def launch(self) -> int:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        argv = server_argv(binary(), self.data_dir, self.layout.port(PORT_ENV), self.layout.port(CONSOLE_PORT_ENV))
-        return proc.spawn(argv, self.log_path, cwd=self.data_dir, env=server_env())
+        certs = s3_secure.write_certs(secure_material.material(self.layout)) if self.layout.secure else None
+        argv = server_argv(binary(), self.data_dir, self.layout.port(PORT_ENV), self.layout.port(CONSOLE_PORT_ENV), certs)
+        return proc.spawn(argv, self.log_path, cwd=self.data_dir, env=server_env(self._root()))
 
     def probe(self) -> None:
         import boto3
         from botocore.config import Config
 
         config = Config(connect_timeout=1, read_timeout=3, retries={"max_attempts": 1})
-        boto3.client("s3", config=config, **self.endpoint()).list_buckets()
+        root = self._root()
+        keys = {} if root is None else {"aws_access_key_id": root[0], "aws_secret_access_key": root[1]}
+        boto3.client("s3", config=config, **self.endpoint(), **keys).list_buckets()
+
+    def verify(self) -> None:
+        """On a secure stack: the sink's bucket, user and one-bucket policy (idempotent, every start)."""
+        if not self.layout.secure:
+            return
+        try:
+            s3_secure.provision(secure_material.material(self.layout), self.address(), CREDENTIALS["region_name"])
+        except Exception as e:  # noqa: BLE001 - whatever failed, the stack is not what it claims: report it
+            raise self.fail(f"provisioning the sink's bucket, user and policy failed: {type(e).__name__}: {e}") from None
