@@ -65,6 +65,23 @@ def secure_zookeeper_env(secure_material) -> dict[str, str]:
             "EOSINK_ZOOKEEPER_CA_FILE": str(secure_material.ca_cert)}
 
 
+@pytest.fixture(scope="session")
+def secure_kafka_admin(secure_stack, secure_material) -> dict[str, str]:
+    """librdkafka settings of the secure stack's Kafka super user ``admin`` (topics, ACLs, test producers)."""
+    return {"bootstrap.servers": secure_stack.kafka_bootstrap, **secure_stack.raw["kafka"]["client"],
+            "sasl.username": secure_material.user("kafka.admin"), "sasl.password": secure_material.password("kafka.admin")}
+
+
+@pytest.fixture(scope="session")
+def secure_kafka_env(secure_stack, secure_material) -> dict[str, str]:
+    """What a worker needs for the secure stack's Kafka (``WorkerProcess(extra_env=...)``): SASL_SSL as ``eosink-worker``.
+
+    With its grants it reads topics named ``outbox.*`` and writes dead letters to ``dlq.*`` (see ``kafka_acl``)."""
+    settings = {**secure_stack.raw["kafka"]["client"], "sasl.username": secure_material.user("kafka.worker"),
+                "sasl.password": secure_material.password("kafka.worker")}
+    return {"EOSINK_KAFKA_" + k.upper().replace(".", "_"): v for k, v in settings.items()}
+
+
 @pytest.fixture
 def unique(request) -> str:
     """A short name unique to this test invocation, safe for topics, tables and znodes."""

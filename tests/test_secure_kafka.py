@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.procs import WorkerProcess, register, wait_until
+from tests.procs import WorkerProcess, wait_until
 
 pytestmark = pytest.mark.secure
 
@@ -37,8 +37,8 @@ def client(stack: Any, material: Any, role: str, **extra: Any) -> dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def admin_conf(secure_stack, secure_material) -> dict[str, Any]:
-    return client(secure_stack, secure_material, "kafka.admin")
+def admin_conf(secure_kafka_admin) -> dict[str, Any]:
+    return {**secure_kafka_admin, "log_level": 0}
 
 
 @pytest.fixture
@@ -153,8 +153,10 @@ def read_keys(conf: dict[str, Any], topic: str) -> list[str]:
 class SecureWorkerRun:
     """One outbox topic, its dead-letter topic, a filesystem connector, and worker processes as ``eosink-worker``."""
 
-    def __init__(self, stack: Any, material: Any, admin_conf: dict[str, Any], topics: Any, unique: str, tmp: Path) -> None:
+    def __init__(self, stack: Any, material: Any, admin_conf: dict[str, Any], topics: Any, unique: str, tmp: Path,
+                 env: dict[str, str]) -> None:
         self.stack, self.material, self.admin_conf, self.tmp = stack, material, admin_conf, tmp
+        self.base_env = env
         self.cluster = unique
         self.connector = unique.replace("_", "-")
         self.topic = topics(f"outbox.{unique}", PARTITIONS)
@@ -163,35 +165,40 @@ class SecureWorkerRun:
         self.good, self.aborted, self.bad = publish(admin_conf, self.topic, f"test-{unique}")
         self.workers: list[WorkerProcess] = []
 
-    def env(self) -> dict[str, str]:
-        """The worker's Kafka identity, as an operator passes it: ``EOSINK_KAFKA_*`` variables."""
-        settings = {**self.stack.raw["kafka"]["client"], "sasl.username": self.material.user("kafka.worker"),
-                    "sasl.password": self.material.password("kafka.worker")}
-        return {"EOSINK_KAFKA_" + k.upper().replace(".", "_"): v for k, v in settings.items()}
+    def session(self) -> Any:
+        """A ZooKeeper session of the cluster's owner (the secure stack's ZooKeeper wants TLS and credentials)."""
+        from eosink.worker.engine.zk import ZkCredentials, ZkSession
+
+        owner = ZkCredentials(self.material.user("zookeeper"), self.material.password("zookeeper"))
+        return ZkSession(self.stack.zookeeper_hosts, self.cluster, credentials=owner, ca_file=str(self.material.ca_cert)).start()
 
     def register(self) -> None:
-        register(self.stack.zookeeper_hosts, self.cluster, self.connector, {
-            "connector.class": "filesystem", "topics": self.topic, "file.path": str(self.out),
-            "commit.interval.ms": "200", "batch.max.records": "50",
-            "errors.tolerance": "all", "errors.deadletterqueue.topic.name": self.dlq,
-        })
+        from eosink.worker.control.config import parse_connector
+        from eosink.worker.control.store import ConnectorStore
+
+        config = {"connector.class": "filesystem", "topics": self.topic, "file.path": str(self.out),
+                  "commit.interval.ms": "200", "batch.max.records": "50",
+                  "errors.tolerance": "all", "errors.deadletterqueue.topic.name": self.dlq}
+        parse_connector(self.connector, config, resolve=False)  # the same validation as the CLI and the REST API
+        session = self.session()
+        try:
+            ConnectorStore(session).put(self.connector, config)
+        finally:
+            session.stop()
 
     def start(self, **env: str) -> WorkerProcess:
-        w = WorkerProcess(self.stack, self.cluster, f"w{len(self.workers)}", self.tmp, extra_env={**self.env(), **env})
+        w = WorkerProcess(self.stack, self.cluster, f"w{len(self.workers)}", self.tmp, extra_env={**self.base_env, **env})
         self.workers.append(w)
         return w
 
     def statuses(self) -> list[dict[str, Any]]:
-        from kazoo.client import KazooClient
-
-        zk = KazooClient(hosts=self.stack.zookeeper_hosts, timeout=10)
-        zk.start(timeout=20)
+        session = self.session()
+        zk = session.client
         try:
             base = f"/eosink/{self.cluster}/status/{self.connector}"
             return [json.loads(zk.get(f"{base}/{w}")[0]) for w in (zk.get_children(base) if zk.exists(base) else [])]
         finally:
-            zk.stop()
-            zk.close()
+            session.stop()
 
     def delivered(self) -> list[str]:
         """Every id the sink made visible (readers read only committed/*.jsonl), duplicates included."""
@@ -220,8 +227,10 @@ class SecureWorkerRun:
 
 
 @pytest.fixture
-def worker_run(secure_stack, secure_material, admin_conf, topics, unique, tmp_path) -> Iterator[SecureWorkerRun]:
-    run = SecureWorkerRun(secure_stack, secure_material, admin_conf, topics, unique, tmp_path)
+def worker_run(secure_stack, secure_material, admin_conf, topics, unique, tmp_path, secure_kafka_env,
+               secure_zookeeper_env) -> Iterator[SecureWorkerRun]:
+    run = SecureWorkerRun(secure_stack, secure_material, admin_conf, topics, unique, tmp_path,
+                          {**secure_zookeeper_env, **secure_kafka_env})
     try:
         yield run
     finally:
