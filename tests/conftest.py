@@ -72,14 +72,23 @@ def secure_kafka_admin(secure_stack, secure_material) -> dict[str, str]:
             "sasl.username": secure_material.user("kafka.admin"), "sasl.password": secure_material.password("kafka.admin")}
 
 
-@pytest.fixture(scope="session")
-def secure_kafka_env(secure_stack, secure_material) -> dict[str, str]:
-    """What a worker needs for the secure stack's Kafka (``WorkerProcess(extra_env=...)``): SASL_SSL as ``eosink-worker``.
+def kafka_worker_env(home: Path = SECURE_HOME) -> dict[str, str]:
+    """``EOSINK_KAFKA_*`` variables that make a worker ``eosink-worker`` over SASL_SSL on the secure stack at ``home``.
 
     With its grants it reads topics named ``outbox.*`` and writes dead letters to ``dlq.*`` (see ``kafka_acl``)."""
-    settings = {**secure_stack.raw["kafka"]["client"], "sasl.username": secure_material.user("kafka.worker"),
-                "sasl.password": secure_material.password("kafka.worker")}
+    from eosink.worker.stack import load_endpoints, secure
+    from eosink.worker.stack.layout import StackLayout
+
+    material = secure.material(StackLayout.for_home(home))
+    settings = {**(load_endpoints(home).raw or {})["kafka"]["client"], "sasl.username": material.user("kafka.worker"),
+                "sasl.password": material.password("kafka.worker")}
     return {"EOSINK_KAFKA_" + k.upper().replace(".", "_"): v for k, v in settings.items()}
+
+
+@pytest.fixture(scope="session")
+def secure_kafka_env(secure_stack) -> dict[str, str]:
+    """What a worker needs for the secure stack's Kafka (``WorkerProcess(extra_env=...)``): see :func:`kafka_worker_env`."""
+    return kafka_worker_env()
 
 
 @pytest.fixture

@@ -34,6 +34,7 @@ from kazoo.security import OPEN_ACL_UNSAFE, make_digest_acl
 from eosink.connectors.api.records import TopicPartition
 from eosink.worker import paths
 from eosink.worker.engine.zk import ZkCredentials, ZkSession
+from tests.conftest import kafka_worker_env
 from tests.procs import WorkerProcess, wait_until
 
 pytestmark = pytest.mark.secure
@@ -82,9 +83,9 @@ def _close(c: KazooClient) -> None:
         pass
 
 
-def _publish(bootstrap: str, topic: str, *, txns: int, per_txn: int) -> tuple[set[str], set[str]]:
+def _publish(kafka: dict[str, str], topic: str, *, txns: int, per_txn: int) -> tuple[set[str], set[str]]:
     """Transactions of ``per_txn`` records; every third aborted. Returns (committed ids, aborted ids)."""
-    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"test-{topic}"})
+    p = Producer({**kafka, "transactional.id": f"test-{topic}"})
     p.init_transactions(30)
     committed: set[str] = set()
     aborted: set[str] = set()
@@ -120,16 +121,19 @@ def _log(w: WorkerProcess) -> str:
 
 
 def _owner_env(password: str, user: str, ca: str) -> dict[str, str]:
-    return {"EOSINK_ZOOKEEPER_USER": user, "EOSINK_ZOOKEEPER_PASSWORD": password, "EOSINK_ZOOKEEPER_CA_FILE": ca}
+    # Kafka is locked down too: every worker of these tests is eosink-worker over SASL_SSL.
+    return {"EOSINK_ZOOKEEPER_USER": user, "EOSINK_ZOOKEEPER_PASSWORD": password, "EOSINK_ZOOKEEPER_CA_FILE": ca,
+            **kafka_worker_env()}
 
 
 @pytest.fixture(scope="module")
-def secured_run(secure_stack, secure_material, secure_zookeeper_env, tmp_path_factory) -> Iterator[SecuredRun]:
+def secured_run(secure_stack, secure_material, secure_zookeeper_env, secure_kafka_env, secure_kafka_admin,
+                tmp_path_factory) -> Iterator[SecuredRun]:
     """A worker with the stack's ZooKeeper credentials delivers a topic end to end, then stops."""
     tmp = tmp_path_factory.mktemp("secure-zk")
     tag = uuid.uuid4().hex[:8]
-    cluster, connector, topic = f"zk-{tag}", f"zk-files-{tag}", f"zk-outbox-{tag}"
-    admin = AdminClient({"bootstrap.servers": secure_stack.kafka_bootstrap})
+    cluster, connector, topic = f"zk-{tag}", f"zk-files-{tag}", f"outbox.zk-{tag}"
+    admin = AdminClient(secure_kafka_admin)
     admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])[topic].result(30)
     owner = ZkCredentials(secure_material.user("zookeeper"), secure_material.password("zookeeper"))
     ref = secure_zookeeper_env["EOSINK_ZOOKEEPER_PASSWORD"]  # a ${file:...} reference: the worker resolves it
@@ -142,8 +146,8 @@ def secured_run(secure_stack, secure_material, secure_zookeeper_env, tmp_path_fa
                                                 "commit.interval.ms": "200"})
     finally:
         session.stop()
-    committed, aborted = _publish(secure_stack.kafka_bootstrap, topic, txns=6, per_txn=50)
-    worker = WorkerProcess(secure_stack, cluster, WORKER, tmp, extra_env=secure_zookeeper_env)
+    committed, aborted = _publish(secure_kafka_admin, topic, txns=6, per_txn=50)
+    worker = WorkerProcess(secure_stack, cluster, WORKER, tmp, extra_env={**secure_zookeeper_env, **secure_kafka_env})
     try:
         wait_until(lambda: len(set(_file_ids(tmp / "out", connector))) >= len(committed) or worker.proc.poll() is not None,
                    120, f"delivery of {len(committed)} records")
@@ -299,7 +303,7 @@ def test_worker_with_a_wrong_password_exits_with_one_line_naming_zookeeper_the_p
 
 def test_worker_without_credentials_exits_with_one_line_naming_zookeeper_and_the_setting(secure_stack, secured_run, tmp_path):
     # EOSINK_HOME of no stack: the secure stack's own credentials are not picked up as defaults.
-    env = {"EOSINK_HOME": str(tmp_path / "no-stack"), "EOSINK_ZOOKEEPER_USER": "", "EOSINK_ZOOKEEPER_PASSWORD": "",
+    env = {**kafka_worker_env(), "EOSINK_HOME": str(tmp_path / "no-stack"), "EOSINK_ZOOKEEPER_USER": "", "EOSINK_ZOOKEEPER_PASSWORD": "",
            "EOSINK_ZOOKEEPER_CA_FILE": secured_run.ca_file}
     w = WorkerProcess(secure_stack, secured_run.cluster, "no-creds", tmp_path, extra_env=env)
     rc = w.wait(60)
@@ -437,7 +441,7 @@ def test_secure_zookeeper_refuses_plaintext_and_a_worker_without_tls_exits_with_
     with pytest.raises(KazooTimeoutError):
         plain.start(timeout=5)
     _close(plain)
-    env = {"EOSINK_HOME": str(tmp_path / "no-stack"), "EOSINK_ZOOKEEPER_USER": "eosink",
+    env = {**kafka_worker_env(), "EOSINK_HOME": str(tmp_path / "no-stack"), "EOSINK_ZOOKEEPER_USER": "eosink",
            "EOSINK_ZOOKEEPER_PASSWORD": secured_run.password_ref, "EOSINK_ZOOKEEPER_CA_FILE": ""}
     w = WorkerProcess(secure_stack, secured_run.cluster, "no-tls", tmp_path, extra_env=env)
     rc = w.wait(90)
@@ -453,7 +457,7 @@ def test_worker_against_the_local_secure_stack_takes_its_zookeeper_credentials_a
     from tests.conftest import SECURE_HOME
 
     cluster = f"{secured_run.cluster}-defaults"
-    env = {"EOSINK_HOME": str(SECURE_HOME), "EOSINK_ZOOKEEPER_USER": "", "EOSINK_ZOOKEEPER_PASSWORD": "",
+    env = {**kafka_worker_env(), "EOSINK_HOME": str(SECURE_HOME), "EOSINK_ZOOKEEPER_USER": "", "EOSINK_ZOOKEEPER_PASSWORD": "",
            "EOSINK_ZOOKEEPER_CA_FILE": ""}
     w = WorkerProcess(secure_stack, cluster, "defaults-w1", tmp_path, extra_env=env)
     try:
