@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.procs import WorkerProcess, wait_until
+from tests.spark_fixtures import spark  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.secure
 
@@ -479,3 +480,22 @@ def test_no_password_in_the_broker_config_its_log_or_endpoints(secure_stack, sec
             assert secret not in text, f"the {role} password is in {path}"
     assert secure_stack.raw["kafka"]["client"] == {
         "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "ssl.ca.location": str(secure_material.ca_cert)}
+
+
+@pytest.mark.spark
+def test_spark_publish_outbox_as_the_publisher_publishes_every_row_once_and_a_rerun_nothing(
+        spark, secure_stack, secure_material, admin_conf, topics, unique):  # noqa: F811 - the fixture
+    """The whole Spark path with only the publisher's grants: driver checks, tasks on executors, the run marker."""
+    from pyspark.sql import functions as F
+
+    from eosink.spark_jobs import publish_outbox
+
+    topic = topics(f"outbox.{unique}", 2)
+    conf = {k: v for k, v in client(secure_stack, secure_material, "kafka.publisher").items() if k != "log_level"}
+    df = spark.range(0, 200, 1, numPartitions=4).select(F.format_string("k-%04d", F.col("id")).alias("k"), F.col("id"))
+    job = f"outbox.{unique}"
+    first = publish_outbox(df, topic, key="k", job=job, run_id="r1", kafka=conf)
+    assert (first.status, first.records) == ("published", 200)
+    again = publish_outbox(df, topic, key="k", job=job, run_id="r1", kafka=conf)
+    assert (again.status, again.records) == ("already_published", 0)
+    assert sorted(read_keys(admin_conf, topic)) == [f"k-{i:04d}" for i in range(200)]
