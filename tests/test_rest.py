@@ -442,7 +442,8 @@ def test_secrets_never_appear_in_responses_or_in_the_worker_log(stack, unique, t
     props = tmp_path / "worker-secrets.properties"  # worker-level credentials through the providers, never on the command line
     props.write_text(f"kafka.password={SECRET}-kafka\n")
     w = start_worker(stack, unique, "w-secret", tmp_path,
-                     extra_env={"TEST_PG_PASSWORD": SECRET + "-env", "EOSINK_ZOOKEEPER_PASSWORD": SECRET + "-zk"},
+                     extra_env={"TEST_PG_PASSWORD": SECRET + "-env", "EOSINK_ZOOKEEPER_USER": f"{unique}-zk",
+                                "EOSINK_ZOOKEEPER_PASSWORD": SECRET + "-zk"},
                      extra_args=["--kafka-property", f"sasl.password=${{file:{props}:kafka.password}}"])
     try:
         # one password given literally, one through ${env:} (resolved at the worker); and a connector that

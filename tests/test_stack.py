@@ -199,3 +199,11 @@ def test_nodes_of_a_multi_broker_stack_starting_at_once_share_one_cluster_id(tmp
         for t in threads:
             t.join()
         assert len(ids) == 3 and len(set(ids)) == 1, ids
+
+
+def test_a_new_kafka_cluster_id_never_starts_with_a_dash_the_storage_tool_would_read_as_a_flag() -> None:
+    from eosink.worker.stack.components.kafka import new_cluster_id
+
+    ids = [new_cluster_id() for _ in range(2000)]  # one plain draw in 64 starts with '-': ~31 expected here
+    assert not [i for i in ids if i.startswith("-")]
+    assert all(len(i) == 22 for i in ids) and len(set(ids)) == len(ids)

@@ -126,7 +126,7 @@ class Kafka(Component):
             # every node reads that one (a check-then-write race gave nodes different cluster ids,
             # and their quorum refused each other's votes: INCONSISTENT_CLUSTER_ID).
             tmp = path.with_name(f".cluster-id.{os.getpid()}.{threading.get_ident()}")
-            tmp.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode() + "\n")
+            tmp.write_text(new_cluster_id() + "\n")
             try:
                 os.link(tmp, path)
             except FileExistsError:
@@ -220,6 +220,19 @@ class Kafka(Component):
             time.sleep(0.5)
         raise self.fail(f"node {self.node_id} runs but only {seen} of {self.nodes} brokers are registered after "
                         f"{TRANSACTIONS_TIMEOUT_S:.0f}s; transactions need {needed} (see the other kafka-* logs)")
+
+
+def new_cluster_id() -> str:
+    """A random cluster id as Kafka writes them (URL-safe base64 of 16 bytes), never starting with '-'.
+
+    One id in 64 would start with '-', and the storage tool reads ``-t -xyz...`` as an unknown flag
+    (seen here: ``stack up`` failed formatting). Kafka's own ``Uuid.randomUuid()`` draws again for
+    the same reason.
+    """
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cid.startswith("-"):
+            return cid
 
 
 @cache
