@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -63,7 +64,7 @@ def run(
     spark: SparkSession,
     *,
     run_id: str,
-    bootstrap: str,
+    bootstrap: str | Mapping[str, Any],
     orders_topic: str,
     events_topic: str | None = None,
     n_orders: int = 1000,
@@ -73,8 +74,12 @@ def run(
     fault_hook: FaultHook | None = None,
     **publish_kwargs: Any,
 ) -> dict[str, Any]:
-    """Generate and publish; returns counts (``orders``/``events`` = records this call published)."""
-    if create_topics:
+    """Generate and publish; returns counts (``orders``/``events`` = records this call published).
+
+    ``bootstrap``: the bootstrap servers, or a whole librdkafka config (a secured cluster's SASL/TLS
+    settings); topics are created only from a bare bootstrap string (a least-privilege publisher may not).
+    """
+    if create_topics and isinstance(bootstrap, str):
         ensure_topics(bootstrap, [orders_topic] + ([events_topic] if events_topic else []))
     df = orders_frame(spark, n_orders, partitions)
     outboxes = [Outbox(orders_topic, key="order_id", value=ORDER_COLUMNS)]

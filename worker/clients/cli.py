@@ -72,6 +72,29 @@ def kafka_settings(flags: list[str], environ: dict[str, str] | None = None) -> d
     return out
 
 
+def stack_kafka_defaults(bootstrap: str, given: dict[str, str]) -> dict[str, str]:
+    """The local secure stack's client settings for a worker pointed at that stack's own Kafka, as ``eosink-worker``.
+
+    As for ZooKeeper (:func:`eosink.worker.clients.zk_auth.stack_defaults`): a worker against ``eosink stack up
+    --secure`` needs no settings, and the password is a ``${file:...}`` reference into the stack's
+    ``credentials.properties``, never a value. Only for the stack's own address, and only when the settings
+    name no security of their own (``security.protocol`` or any ``sasl.*``), which then win whole.
+    """
+    if "security.protocol" in given or any(k.startswith("sasl.") for k in given):
+        return {}
+    try:
+        from eosink.worker.stack import load_endpoints
+
+        ep = load_endpoints()
+    except Exception:  # noqa: BLE001 - no local stack: the settings must say
+        return {}
+    client = (ep.raw or {}).get("kafka", {}).get("client")
+    if not ep.security or not client or bootstrap != ep.kafka_bootstrap:
+        return {}
+    return {**client, "sasl.username": "eosink-worker",
+            "sasl.password": f"${{file:{ep.security['credentials_file']}:kafka.worker.password}}"}
+
+
 def _require(value: str, what: str, flag: str, env: str) -> str:
     if not value:
         raise EosinkError(f"no {what}: pass {flag} or set {env} (or start the local stack: eosink stack up)", component="cli")
@@ -116,7 +139,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     configure(args.log_level)
     install_process_hooks()
     register_environment_secrets()
-    kafka = resolve_kafka_settings(kafka_settings(args.kafka_property))
+    given = kafka_settings(args.kafka_property)
+    kafka = resolve_kafka_settings({**stack_kafka_defaults(args.bootstrap_servers, given), **given})
     auth = RestAuth.from_settings(args.rest_basic_auth, args.rest_token, args.rest_basic_auth_file, args.rest_token_file)
     for secret in auth.secrets() if auth else []:
         register_secret(secret)

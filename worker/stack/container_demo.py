@@ -45,10 +45,11 @@ def worker_env(ep: Any, cluster: str) -> dict[str, str]:
 
     Only keys compose sets are replaced: a variable the demo config needs and compose forgets fails here.
     """
-    from eosink.worker.stack.demo import _sink_env
+    from eosink.worker.stack.demo_access import for_stack
 
     env = {k: str(v) for k, v in compose()["services"]["worker-1"]["environment"].items()}
-    local = {**_sink_env(ep), "EOSINK_BOOTSTRAP_SERVERS": ep.kafka_bootstrap, "EOSINK_ZOOKEEPER": ep.zookeeper_hosts,
+    local = {**for_stack(ep, REPO / ".eosink").connector_env,
+             "EOSINK_BOOTSTRAP_SERVERS": ep.kafka_bootstrap, "EOSINK_ZOOKEEPER": ep.zookeeper_hosts,
              "EOSINK_CLUSTER": cluster, "AWS_ACCESS_KEY_ID": ep.s3["aws_access_key_id"],
              "AWS_SECRET_ACCESS_KEY": ep.s3["aws_secret_access_key"]}
     missing = sorted(set(local) - set(env))
@@ -359,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from eosink.worker.stack import load_endpoints
     from eosink.worker.stack.demo import _reset
+    from eosink.worker.stack.demo_access import for_stack
     from eosink.worker.version import VERSION
 
     ep = load_endpoints()
@@ -368,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(home, ignore_errors=True)
     shared_home(home)
     print(f"==> resetting the demo's topic, table, lake table, buckets and connector state (home {home})")
-    _reset(ep, home, 4)
+    _reset(ep, for_stack(ep, home), home, 4)
     image = IMAGES["worker"].tag(VERSION)
     cluster = WorkerContainers(engine, ("localhost/" if engine.name == "podman" else "") + image, worker_env(ep, names.cluster), home)
     try:

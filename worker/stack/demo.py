@@ -24,43 +24,27 @@ from typing import Any
 
 from eosink.connectors.api.errors import EosinkError
 from eosink.worker import paths
+from eosink.worker.stack.demo_access import DemoAccess, for_stack
 from eosink.worker.stack.endpoints import Endpoints
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo-orders.json"  # the checkout's configs/
-TOPIC = "eosink-demo-orders"
-TABLE = "demo_orders"
 CONNECTOR = "demo-orders"
-LAKE_BUCKET, LAKE_TABLE = "eosink-demo-lake", "demo.orders"
-ARCHIVE_BUCKET = "eosink-demo-archive"
+LAKE_TABLE = "demo.orders"
 
 
-def _sink_env(ep: Endpoints) -> dict[str, str]:
-    """What ``configs/demo-orders.json`` reads through ``${env:...}``: the local stack's endpoints."""
-    user_host = ep.postgres_dsn.split("://", 1)[1]
-    return {
-        "EOSINK_PG_DSN": ep.postgres_dsn,
-        "EOSINK_ICEBERG_CATALOG_URI": f"postgresql+psycopg2://{user_host}",
-        "EOSINK_S3_ENDPOINT": ep.s3["endpoint_url"],
-        "EOSINK_S3_ACCESS_KEY_ID": ep.s3["aws_access_key_id"],
-        "EOSINK_S3_SECRET_ACCESS_KEY": ep.s3["aws_secret_access_key"],
-    }
-
-
-def _lake_catalog(ep: Endpoints) -> Any:
+def _lake_catalog(access: DemoAccess) -> Any:
     from pyiceberg.catalog import load_catalog
 
-    env = _sink_env(ep)
-    return load_catalog("eosink", type="sql", uri=env["EOSINK_ICEBERG_CATALOG_URI"], warehouse=f"s3://{LAKE_BUCKET}/warehouse",
-                        **{"s3.endpoint": env["EOSINK_S3_ENDPOINT"], "s3.access-key-id": env["EOSINK_S3_ACCESS_KEY_ID"],
-                           "s3.secret-access-key": env["EOSINK_S3_SECRET_ACCESS_KEY"], "s3.region": "us-east-1"})
+    return load_catalog("eosink", **access.catalog)
 
 
-def _empty_bucket(s3: Any, bucket: str) -> None:
-    try:
-        s3.create_bucket(Bucket=bucket)
-    except (s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
-        pass
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+def _empty(s3: Any, bucket: str, prefix: str, create: bool) -> None:
+    """Delete every object under ``prefix`` (the whole bucket when empty), creating the bucket if asked."""
+    if create:
+        try:
+            s3.create_bucket(Bucket=bucket)
+        except (s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
+            pass
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else ""):
         keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
         if keys:
             s3.delete_objects(Bucket=bucket, Delete={"Objects": keys})
@@ -70,20 +54,21 @@ def _step(msg: str) -> None:
     print(f"==> {msg}", flush=True)
 
 
-def _reset(ep: Endpoints, home: Path, partitions: int) -> None:
+def _reset(ep: Endpoints, access: DemoAccess, home: Path, partitions: int) -> None:
     import psycopg
     from confluent_kafka.admin import AdminClient, NewTopic
     from kazoo.client import KazooClient
 
-    admin = AdminClient({"bootstrap.servers": ep.kafka_bootstrap})
-    if TOPIC in admin.list_topics(timeout=10).topics:
-        admin.delete_topics([TOPIC])[TOPIC].result(30)
+    topic = access.topic
+    admin = AdminClient(access.kafka_admin)
+    if topic in admin.list_topics(timeout=10).topics:
+        admin.delete_topics([topic])[topic].result(30)
         deadline = time.monotonic() + 30
-        while TOPIC in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
+        while topic in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
             time.sleep(0.2)
     for _ in range(50):
         try:
-            admin.create_topics([NewTopic(TOPIC, num_partitions=partitions, replication_factor=1)])[TOPIC].result(30)
+            admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(30)
             break
         except Exception:  # noqa: BLE001 - deletion still settling
             time.sleep(0.3)
@@ -98,32 +83,32 @@ def _reset(ep: Endpoints, home: Path, partitions: int) -> None:
         if zk.exists(path):
             zk.delete(path, recursive=True)
     zk.stop()
-    with psycopg.connect(ep.postgres_dsn, autocommit=True) as conn:
-        conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
+    with psycopg.connect(access.pg_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {access.table}")
         for table in ("eosink_offsets", "eosink_txn_manifest", "eosink_committed_txns"):
             if _row(conn, "SELECT to_regclass(%s)", (table,))[0]:
                 conn.execute(f"DELETE FROM {table} WHERE connector = %s", (CONNECTOR,))
     shutil.rmtree(home / "demo-out", ignore_errors=True)
     import boto3
 
-    s3 = boto3.client("s3", **ep.s3)
-    for bucket in (LAKE_BUCKET, ARCHIVE_BUCKET):
-        _empty_bucket(s3, bucket)
+    s3 = boto3.client("s3", **access.s3_admin)
+    for bucket, prefix in ((access.lake_bucket, access.lake_prefix), (access.archive_bucket, access.archive_prefix)):
+        _empty(s3, bucket, prefix, create=not access.secure)  # the secure stack's bucket is made by the stack
     try:
-        _lake_catalog(ep).drop_table(LAKE_TABLE)
+        _lake_catalog(access).drop_table(LAKE_TABLE)
     except Exception:  # noqa: BLE001 - first run: no table yet
         pass
 
 
-def _publish_aborted(bootstrap: str, n: int) -> None:
+def _publish_aborted(access: DemoAccess, n: int) -> None:
     """One transaction that is aborted: none of it may ever be delivered."""
     from confluent_kafka import Producer
 
-    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"eosink-demo-aborted-{uuid.uuid4().hex[:8]}"})
+    p = Producer({**access.kafka_publisher, "transactional.id": f"{access.aborted_txn_prefix}{uuid.uuid4().hex[:8]}"})
     p.init_transactions(30)
     p.begin_transaction()
     for i in range(n):
-        p.produce(TOPIC, key=f"aborted-{i}", value=json.dumps({"order_id": f"aborted-{i}", "customer": "nobody", "amount": 0}))
+        p.produce(access.topic, key=f"aborted-{i}", value=json.dumps({"order_id": f"aborted-{i}", "customer": "nobody", "amount": 0}))
     p.flush(30)
     p.abort_transaction(30)
 
@@ -141,13 +126,17 @@ def main(argv: list[str] | None = None) -> int:
     ep = load_endpoints()
     home = Path(os.environ.get("EOSINK_HOME", ".eosink")).resolve()
     os.environ["EOSINK_HOME"] = str(home)
-    os.environ.update(_sink_env(ep))
+    access = for_stack(ep, home)
+    os.environ.update(access.connector_env)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-    _step(f"resetting demo topic {TOPIC} ({args.partitions} partitions), table {TABLE}, lake table {LAKE_TABLE}, "
-          f"buckets {LAKE_BUCKET} and {ARCHIVE_BUCKET}, connector state")
-    _reset(ep, home, args.partitions)
+    if access.secure:
+        _step("a secure stack: Spark publishes as eosink-publisher, the worker reads as eosink-worker and writes as "
+              "eosink_sink (PostgreSQL) and eosink-sink (S3), over TLS; its REST API is https with basic auth")
+    _step(f"resetting demo topic {access.topic} ({args.partitions} partitions), table {access.table}, lake table {LAKE_TABLE}, "
+          f"{access.warehouse}, s3://{access.archive_bucket}/{access.archive_prefix}, connector state")
+    _reset(ep, access, home, args.partitions)
 
     _step(f"publishing {args.orders} orders from a Spark job (one Kafka transaction per task)")
     from pyspark.sql import SparkSession
@@ -158,41 +147,43 @@ def main(argv: list[str] | None = None) -> int:
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     run_id = f"demo-{uuid.uuid4().hex[:8]}"
-    published = orders.run(spark, run_id=run_id, bootstrap=ep.kafka_bootstrap, orders_topic=TOPIC,
-                           n_orders=args.orders, partitions=args.partitions)
+    published = orders.run(spark, run_id=run_id, bootstrap=access.kafka_publisher, orders_topic=access.topic,
+                           n_orders=args.orders, partitions=args.partitions, job=access.job, create_topics=False)
     spark.stop()
     _step(f"published: {published}")
-    _publish_aborted(ep.kafka_bootstrap, 1000)
+    _publish_aborted(access, 1000)
     _step("published 1000 more records in a Kafka transaction that was aborted")
 
     log_path = home / "logs" / "demo-worker.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     port = int(os.environ.get("EOSINK_REST_PORT") or _free_port())
-    url = f"http://127.0.0.1:{port}"
+    url = f"{access.rest_scheme}://127.0.0.1:{port}"
     _step(f"starting a worker with its REST API on {url} (log: {log_path})")
     t_worker = time.monotonic()
     with open(log_path, "w") as logf:
         worker = subprocess.Popen([sys.executable, "-m", "eosink.worker.clients.cli", "worker", "--worker-id", "demo-worker",
                                    "--rest-host", "127.0.0.1", "--rest-port", str(port)],
-                                  stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, "EOSINK_LOG_FORMAT": "json"})
+                                  stdout=logf, stderr=subprocess.STDOUT,
+                                  env={**os.environ, **access.worker_env, "EOSINK_LOG_FORMAT": "json"})
     try:
-        _wait_ready(url, worker, log_path)
-        shown = CONFIG.relative_to(Path.cwd()) if CONFIG.is_relative_to(Path.cwd()) else CONFIG
+        _wait_ready(url, worker, log_path, access.cli_env.get("EOSINK_REST_CA"))
+        config = access.config
+        shown = config.relative_to(Path.cwd()) if config.is_relative_to(Path.cwd()) else config
         _step(f"registering {shown} through the REST API: eosink connectors --url {url} apply {shown}")
         # A process of its own, as a user would run it (and the demo does not import the CLI that imports it).
         applied = subprocess.run([sys.executable, "-m", "eosink.worker.clients.cli", "connectors", "--url", url, "apply",
-                                  str(CONFIG)], check=False)
+                                  str(config)], check=False, env={**os.environ, **access.cli_env})
         if applied.returncode != 0:
             raise EosinkError(f"registering the demo connector failed (exit code {applied.returncode})", component="demo")
         _step("waiting until everything is delivered")
-        counts = _wait_delivered(ep.postgres_dsn, args.orders, args.timeout, worker, log_path)
+        counts = _wait_delivered(access.pg_dsn, access.table, args.orders, args.timeout, worker, log_path)
     finally:
         worker.send_signal(signal.SIGTERM)
         rc = worker.wait(60)
     delivered_s = time.monotonic() - t_worker
     files = _count_files(home / "demo-out" / CONNECTOR / "committed")
-    lake = _count_ids(_lake_ids(ep))
-    archive = _count_ids(_archive_ids(ep))
+    lake = _count_ids(_lake_ids(access))
+    archive = _count_ids(_archive_ids(access))
     ok = (counts["duplicates"] == 0 and counts["missing"] == 0 and counts["from_aborted"] == 0 and files == args.orders
           and rc == 0 and all(c == {"rows": args.orders, "distinct": args.orders, "from_aborted": 0} for c in (lake, archive)))
     print()
@@ -216,19 +207,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-def _lake_ids(ep: Endpoints) -> list[str]:
-    table = _lake_catalog(ep).load_table(LAKE_TABLE)
+def _lake_ids(access: DemoAccess) -> list[str]:
+    table = _lake_catalog(access).load_table(LAKE_TABLE)
     return table.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist()
 
 
-def _archive_ids(ep: Endpoints) -> list[str]:
+def _archive_ids(access: DemoAccess) -> list[str]:
     import boto3
 
-    s3 = boto3.client("s3", **ep.s3)
+    s3 = boto3.client("s3", **access.s3_admin)
+    bucket = access.archive_bucket
+    prefix = f"{access.archive_prefix}/{CONNECTOR}/" if access.archive_prefix else f"{CONNECTOR}/"
     ids: list[str] = []
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=ARCHIVE_BUCKET, Prefix=f"{CONNECTOR}/"):
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
-            body = s3.get_object(Bucket=ARCHIVE_BUCKET, Key=obj["Key"])["Body"].read()
+            body = s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
             ids += [json.loads(line)["order_id"] for line in body.splitlines() if line]
     return ids
 
@@ -245,17 +238,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_ready(url: str, worker: subprocess.Popen, log_path: Path, timeout: float = 60) -> None:
-    """Until the worker's ``/ready`` says it joined the cluster."""
+def _wait_ready(url: str, worker: subprocess.Popen, log_path: Path, ca_file: str | None = None, timeout: float = 60) -> None:
+    """Until the worker's ``/ready`` says it joined the cluster (over https verified against ``ca_file`` when given)."""
+    import ssl
     import urllib.error
     import urllib.request
 
+    context = ssl.create_default_context(cafile=ca_file) if ca_file else None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if worker.poll() is not None:
             raise EosinkError(f"the worker exited with code {worker.returncode}", component="demo", log_file=str(log_path))
         try:
-            with urllib.request.urlopen(f"{url}/ready", timeout=2) as r:
+            with urllib.request.urlopen(f"{url}/ready", timeout=2, context=context) as r:
                 if r.status == 200:
                     return
         except (urllib.error.URLError, OSError):
@@ -264,7 +259,7 @@ def _wait_ready(url: str, worker: subprocess.Popen, log_path: Path, timeout: flo
     raise EosinkError(f"the worker was not ready within {timeout:.0f} s", component="demo", log_file=str(log_path))
 
 
-def _wait_delivered(dsn: str, expected: int, timeout: float, worker: subprocess.Popen, log_path: Path) -> dict[str, int]:
+def _wait_delivered(dsn: str, table: str, expected: int, timeout: float, worker: subprocess.Popen, log_path: Path) -> dict[str, int]:
     import psycopg
 
     deadline = time.monotonic() + timeout
@@ -273,15 +268,15 @@ def _wait_delivered(dsn: str, expected: int, timeout: float, worker: subprocess.
         while time.monotonic() < deadline:
             if worker.poll() is not None:
                 raise EosinkError(f"the worker exited with code {worker.returncode}", component="demo", log_file=str(log_path))
-            if _row(conn, "SELECT to_regclass(%s)", (TABLE,))[0]:
+            if _row(conn, "SELECT to_regclass(%s)", (table,))[0]:
                 rows, distinct, aborted = _row(
-                    conn, f"SELECT count(*), count(DISTINCT order_id), count(*) FILTER (WHERE order_id LIKE 'aborted-%%') FROM {TABLE}"
+                    conn, f"SELECT count(*), count(DISTINCT order_id), count(*) FILTER (WHERE order_id LIKE 'aborted-%%') FROM {table}"
                 )
                 counts = {"rows": rows, "distinct": distinct, "duplicates": rows - distinct,
                           "missing": expected - (distinct - aborted), "from_aborted": aborted}
                 if distinct >= expected:
                     time.sleep(2 * 1.0)  # two more commit intervals: anything extra would show now
-                    rows, distinct = _row(conn, f"SELECT count(*), count(DISTINCT order_id) FROM {TABLE}")
+                    rows, distinct = _row(conn, f"SELECT count(*), count(DISTINCT order_id) FROM {table}")
                     counts.update(rows=rows, distinct=distinct, duplicates=rows - distinct)
                     return counts
             time.sleep(0.5)
