@@ -28,6 +28,10 @@ secure-stack: venv
 demo: stack
 	$(EOSINK) demo
 
+# The demo on the secure stack: every step as its least-privilege principal, over TLS.
+secure-demo: secure-stack
+	EOSINK_HOME=$(SECURE_HOME) $(EOSINK) demo
+
 # Lint and types first (seconds), then the suite against the real stack.
 test: stack secure-stack
 	$(PY) -m ruff check .

@@ -67,10 +67,14 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace")
 
 
-def publish(bootstrap: str, topic: str, partitions: int, *, txns: int, per_txn: int, aborted_every: int = 0,
-            prefix: str = "r") -> tuple[set[str], set[str]]:
-    """Publish ``txns`` transactions; every ``aborted_every``-th is aborted. Returns (committed ids, aborted ids)."""
-    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"test-{topic}-{prefix}", "linger.ms": 5})
+def publish(bootstrap: str | dict, topic: str, partitions: int, *, txns: int, per_txn: int, aborted_every: int = 0,
+            prefix: str = "r", txn_prefix: str = "test-") -> tuple[set[str], set[str]]:
+    """Publish ``txns`` transactions; every ``aborted_every``-th is aborted. Returns (committed ids, aborted ids).
+
+    ``bootstrap``: the servers, or a whole librdkafka config (a secured cluster's principal); the
+    transactional.id is ``<txn_prefix><topic>-<prefix>`` (a least-privilege publisher owns a prefix)."""
+    conf = {"bootstrap.servers": bootstrap} if isinstance(bootstrap, str) else dict(bootstrap)
+    p = Producer({**conf, "transactional.id": f"{txn_prefix}{topic}-{prefix}", "linger.ms": 5})
     p.init_transactions(30)
     committed: set[str] = set()
     aborted: set[str] = set()
@@ -110,13 +114,14 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interva
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def register(zk_hosts: str, cluster: str, name: str, config: dict) -> None:
+def register(zk_hosts: str, cluster: str, name: str, config: dict, credentials=None, ca_file: str | None = None) -> None:
+    """Store a connector as the CLI's direct mode does (``credentials``/``ca_file``: a secured ZooKeeper)."""
     from eosink.worker.control.config import parse_connector
     from eosink.worker.control.store import ConnectorStore
     from eosink.worker.engine.zk import ZkSession
 
     parse_connector(name, config, resolve=False)  # the same validation as the CLI and the REST API
-    session = ZkSession(zk_hosts, cluster).start()
+    session = ZkSession(zk_hosts, cluster, credentials=credentials, ca_file=ca_file).start()
     try:
         ConnectorStore(session).put(name, config)
     finally:

@@ -78,14 +78,14 @@ def test_worker_image_runs_non_root_without_pyspark_or_a_compiler(engine, built)
 def test_three_worker_containers_deliver_the_fanout_demo_exactly_once_through_kill_and_stop(stack, unique, make_topic, containers):
     import boto3
 
-    from eosink.worker.stack.demo import _empty_bucket
+    from eosink.worker.stack.demo import _empty
 
     names = cd.Names(cluster=unique, connector=unique.replace("_", "-"), topic=make_topic(4), table=unique,
                      lake_bucket=f"{unique.replace('_', '-')}-lake", lake_table=f"demo.{unique}",
                      archive_bucket=f"{unique.replace('_', '-')}-archive")
     s3 = boto3.client("s3", **stack.s3)
     for bucket in (names.lake_bucket, names.archive_bucket):
-        _empty_bucket(s3, bucket)
+        _empty(s3, bucket, "", create=True)
     try:
         report = cd.run(stack, names, containers, txns=24, per_txn=300, say=lambda m: print(m, file=sys.stderr))
     except Exception:
