@@ -90,11 +90,11 @@ def test_every_transform_and_predicate_is_reachable_by_connect_class_name():
 
 
 # -- InsertField ------------------------------------------------------------------------------------------------------
-def test_insertfield_adds_metadata_and_static_and_clears_raw_value():
+def test_insertfield_adds_metadata_and_static_and_replaces_raw_value():
     c = one("InsertField$Value", topic_field="t!", partition_field="p?", offset_field="o", timestamp_field="ts",
             static_field="src", static_value="eosink")
     out = c.apply(rec({"a": 1}))
-    assert out is not None and out.raw_value is None
+    assert out is not None and out.raw_value is not None and json.loads(out.raw_value) == out.value  # never stale
     assert out.value == {"a": 1, "t": "orders", "p": 2, "o": 7, "ts": 1_700_000_000_123, "src": "eosink"}
 
 

@@ -55,6 +55,9 @@ class Batch:
     #: With ``errors.tolerance=all``: records that could not be converted, in the batch's range
     #: (``records`` holds the others, the batch goes on past them).
     failed: list[FailedRecord] = field(default_factory=list)
+    #: The records (and their values) were made for this batch alone: the transforms may edit the
+    #: values in place (``TransformChain.apply_owned``) instead of copying them.
+    fresh: bool = False
 
 
 class RecordSource(Protocol):
@@ -273,7 +276,7 @@ class KafkaSource:
     def _poll_batch(self, max_records: int, max_bytes: int, timeout_s: float) -> Batch:
         from confluent_kafka import KafkaError
 
-        batch = Batch()
+        batch = Batch(fresh=True)  # every record below is decoded anew
         out = batch.records
         append = out.append
         decode, decode_key, keep_raw = self.decode, self.decode_key, self.keep_raw
