@@ -138,3 +138,49 @@ def test_undecodable_json_values_become_record_errors_naming_topic_partition_and
     assert batch.records == [] and isinstance(batch.error, RecordError)
     assert (batch.error.topic, batch.error.partition, batch.error.offset) == (topic, 0, 3)
     assert "recursion" in str(batch.error)
+
+
+def test_a_source_given_the_transforms_runs_them_on_each_record_as_it_decodes_it(stack, make_topic, unique):
+    """The task hands a KafkaSource its transforms; the batch then holds, per record and in order, what
+    they made of it, and the task sorts that out as it would have run them itself: a failure is the
+    record's (raised, or under errors.tolerance=all reported with the stage TRANSFORMATION), a record
+    a sink rejected before (poison) takes its result out with it."""
+    from eosink.worker.engine.tolerance import Tolerance
+    from eosink.worker.engine.types import TaskSettings
+    from eosink.worker.transforms import TransformError, build_chain
+
+    topic = make_topic()
+    values = [b'{"id":0,"note":"n"}', b"[1,2]", b'{"id":2,"x":NaN}', b'{"id":3}']
+    produce(stack.kafka_bootstrap, topic, [(0, v) for v in values])
+    chain = build_chain({"transforms": "a,b", "transforms.a.type": "InsertField$Value",
+                         "transforms.a.static.field": "s", "transforms.a.static.value": "v",
+                         "transforms.b.type": "ReplaceField$Value", "transforms.b.exclude": "note"})
+    src = KafkaSource(unique, stack.kafka_bootstrap, value_converter="json")
+    src.transform = chain.runner(owned=True)
+    try:
+        src.assign({TopicPartition(topic, 0): 0})
+        batch = src.poll_batch(10, 10_000_000, 10.0)
+        while len(batch.records) < len(values):
+            more = src.poll_batch(10, 10_000_000, 1.0)
+            batch.records += more.records
+            batch.transformed += more.transformed  # type: ignore[operator]
+            batch.transform_misses += more.transform_misses
+    finally:
+        src.close()
+    made = batch.transformed
+    assert made is not None and len(made) == len(batch.records) == 4 and batch.transform_misses == 1
+    assert made[0].value == {"id": 0, "s": "v"} and json.loads(made[0].raw_value) == made[0].value
+    assert isinstance(made[1], TransformError) and made[1].offset == 1
+    assert math.isnan(made[2].value["x"]) and made[2].raw_value is None  # NaN: the sink encodes it exactly
+
+    def sorted_out(records, tolerate):
+        failed: list = []
+        t = Tolerance(unique, TaskSettings(tolerate_errors=tolerate), object() if tolerate else None, None)
+        return t.transform(chain, records, failed, owned=True, batch=batch), failed
+
+    with pytest.raises(TransformError):
+        sorted_out(list(batch.records), tolerate=False)
+    out, failed = sorted_out(list(batch.records), tolerate=True)
+    assert [r.offset for r in out] == [0, 2, 3] and [(f.offset, f.stage) for f in failed] == [(1, "TRANSFORMATION")]
+    out, failed = sorted_out([batch.records[0], batch.records[2]], tolerate=True)  # 1 and 3 were poison
+    assert [r.value["id"] for r in out] == [0, 2] and failed == []
