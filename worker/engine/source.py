@@ -58,11 +58,6 @@ class Batch:
     #: The records (and their values) were made for this batch alone: the transforms may edit the
     #: values in place (``TransformChain.apply_owned``) instead of copying them.
     fresh: bool = False
-    #: When the source ran the connector's transforms itself (``KafkaSource.transform``): for each of
-    #: ``records``, in order, what they made of it - a record, None (dropped), or the RecordError
-    #: they raised; ``transform_misses`` counts the last two.
-    transformed: list[Any] | None = None
-    transform_misses: int = 0
 
 
 class RecordSource(Protocol):
@@ -245,12 +240,6 @@ class KafkaSource:
         #: how long a new owner waits for data, and where a benchmark starts a steady-state clock.
         self.first_record_at: float | None = None
         self._known_topics: set[str] = set()
-        #: Set by the task to its transforms (``TransformChain.runner(owned=True)``): each record goes
-        #: through them as soon as it is decoded, while its value is still in the CPU's caches. Run over
-        #: the whole batch afterwards, the same two field transforms cost ~0.4 us more per ~200-byte
-        #: record (1.4 against 1.0 us measured), most of it memory stalls on values decoded 100 MB ago.
-        #: The results go to ``Batch.transformed``; the task sorts them out as it would have run them.
-        self.transform: Callable[[SinkRecord], SinkRecord | None] | None = None
 
     def assign(self, positions: Mapping[TopicPartition, int | None]) -> None:
         from confluent_kafka import TopicPartition as KTP
@@ -280,19 +269,17 @@ class KafkaSource:
     def poll_batch(self, max_records: int, max_bytes: int, timeout_s: float) -> Batch:
         _pause_gc()
         try:
-            return self._poll_batch(max_records, max_bytes, timeout_s)
+            batch = self._poll_batch(max_records, max_bytes, timeout_s)
+            batch.fresh = True  # every record in it was decoded anew, for this batch alone
+            return batch
         finally:
             _resume_gc()
 
     def _poll_batch(self, max_records: int, max_bytes: int, timeout_s: float) -> Batch:
         from confluent_kafka import KafkaError
 
-        batch = Batch(fresh=True)  # every record below is decoded anew
+        batch = Batch()
         out = batch.records
-        transform = self.transform
-        if transform is not None:
-            batch.transformed = []
-            t_append = batch.transformed.append
         append = out.append
         decode, decode_key, keep_raw = self.decode, self.decode_key, self.keep_raw
         deadline = time.monotonic() + timeout_s
@@ -344,17 +331,10 @@ class KafkaSource:
                     batch.nbytes = nbytes
                     return batch
                 headers = m.headers()
-                record = SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw if keep_raw else None,
-                                    tuple(headers) if headers else (), m.timestamp()[1])
-                append(record)
-                if transform is not None:
-                    try:
-                        made: Any = transform(record)
-                    except RecordError as exc:  # a TransformError: the task reports it, in the records' order
-                        made = exc
-                    if made is None or made.__class__ is not SinkRecord:
-                        batch.transform_misses += 1
-                    t_append(made)
+                append(
+                    SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw if keep_raw else None,
+                               tuple(headers) if headers else (), m.timestamp()[1])
+                )
                 if raw is not None:
                     nbytes += len(raw)
                 if len(out) >= max_records or nbytes >= max_bytes:

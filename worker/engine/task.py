@@ -33,7 +33,7 @@ from eosink.worker.engine.fanout import SinkFanout
 from eosink.worker.engine.faults import FAULTS
 from eosink.worker.engine.ranges import check_not_behind, txn_ranges
 from eosink.worker.engine.recovery import recover
-from eosink.worker.engine.source import Batch, KafkaSource, RecordSource, gc_paused
+from eosink.worker.engine.source import Batch, RecordSource, gc_paused
 from eosink.worker.engine.tolerance import RetryTimeout, Tolerance
 from eosink.worker.engine.types import (
     Backoff,
@@ -81,8 +81,6 @@ class SinkTask:
         #: When a cycle last committed each held partition (monotonic): the freshness metric.
         self.last_commit: dict[TopicPartition, float] = {}
         self.source = source
-        if self.transforms is not None and isinstance(source, KafkaSource):
-            source.transform = self.transforms.runner(owned=True)  # each record as it is decoded
         self.log = decision_log
         self.settings = settings or TaskSettings()
         self.sleep = sleep
@@ -307,7 +305,7 @@ class SinkTask:
             touched = frozenset(r.tp for r in ranges)
             check_not_behind(self.connector, ranges, self.grants)
             if self.transforms is not None:
-                records = self._tolerance.transform(self.transforms, records, failed, owned=batch.fresh, batch=batch)
+                records = self._tolerance.transform(self.transforms, records, failed, owned=batch.fresh)
             self.fanout.write(records)
             if failed:
                 self._tolerance.report(failed, txn_id, self.grants)

@@ -69,16 +69,12 @@ class Tolerance:
         return records, failed
 
     def transform(self, chain: TransformChain, records: list[SinkRecord],
-                  failed: list[FailedRecord], *, owned: bool = False, batch: Batch | None = None) -> list[SinkRecord]:
+                  failed: list[FailedRecord], *, owned: bool = False) -> list[SinkRecord]:
         """``records`` through the connector's transforms. A record a stage drops is left out (its
         offset is still covered by the txn's ranges); one a stage fails on goes to ``failed`` under
         errors.tolerance=all, and otherwise fails the cycle naming the record and the stage. ``owned``:
-        nothing else reads the records' values (a fresh batch), which the chain may then edit in place.
-        ``batch``: where ``records`` came from; when its source already ran the chain over them
-        (``Batch.transformed``), its results are sorted out here instead."""
+        nothing else reads the records' values (a fresh batch), which the chain may then edit in place."""
         tolerate = self.settings.tolerate_errors and self.dead_letter is not None
-        if batch is not None and batch.transformed is not None:
-            return self._transformed(batch, records, failed, tolerate)
         out: list[SinkRecord] = []
         append, apply = out.append, chain.runner(owned=owned)
         for r in records:
@@ -91,32 +87,6 @@ class Tolerance:
                 continue
             if t is not None:
                 append(t)
-        return out
-
-    @staticmethod
-    def _transformed(batch: Batch, records: list[SinkRecord], failed: list[FailedRecord],
-                     tolerate: bool) -> list[SinkRecord]:
-        """``transform`` from the results the source recorded (``Batch.transformed``) for ``records``
-        (the batch's, but for the poison records ``split`` took out)."""
-        results: list[Any] = batch.transformed  # type: ignore[assignment]
-        originals = batch.records
-        if len(records) != len(originals):  # poison records left out: their results go too
-            kept = set(map(id, records))
-            pairs = [(r, t) for r, t in zip(originals, results, strict=True) if id(r) in kept]
-            originals, results = [r for r, _ in pairs], [t for _, t in pairs]
-        elif not batch.transform_misses:
-            return results  # every record transformed: the usual batch
-        out: list[SinkRecord] = []
-        append = out.append
-        for r, t in zip(originals, results, strict=True):
-            if t is None:
-                continue
-            if isinstance(t, RecordError):
-                if not tolerate:
-                    raise t
-                failed.append(FailedRecord.of(r, t, stage=STAGE))
-                continue
-            append(t)
         return out
 
     def rejected(self, exc: BaseException, batch: Batch) -> bool:
