@@ -55,8 +55,8 @@ class Batch:
     #: With ``errors.tolerance=all``: records that could not be converted, in the batch's range
     #: (``records`` holds the others, the batch goes on past them).
     failed: list[FailedRecord] = field(default_factory=list)
-    #: The records (and their values) were made for this batch alone: the transforms may edit the
-    #: values in place (``TransformChain.apply_owned``) instead of copying them.
+    #: The records (and their values) were made for this batch alone: the transforms may edit them
+    #: in place (``TransformChain.apply_owned``) instead of copying them.
     fresh: bool = False
 
 
