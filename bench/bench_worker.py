@@ -29,6 +29,7 @@ of the process doing the work is reported: on a shared machine it moves much les
 Results go to ``bench/results/worker.json``.
 
     python bench/bench_worker.py [--records 1000000] [--partitions 4] [--skip-connect] [--rounds 1]
+    python bench/bench_worker.py --modes filesystem,filesystem-smt   # the transforms' cost alone
 
 Run it from the repository root (the stack's endpoints are found as by every eosink command).
 Needs the local stack (``eosink stack up``); Kafka Connect also needs ``java`` and (once) ``mvn``.
@@ -585,6 +586,51 @@ def delete_groups(bootstrap: str, groups: Sequence[str]) -> None:
 
 
 # ---------------------------------------------------------------------------------------- main
+#: The eosink modes, in the order a run measures them.
+MODES = ("filesystem", "filesystem-smt", "filesystem-raw", "memory")
+
+
+def _report_modes(args: argparse.Namespace, modes: Sequence[str], best: Callable[[str], Result],
+                  runs: dict[str, list[Result]], load: list[float], n: int, topic: str, value_bytes: int) -> int:
+    """The figures of a run of some modes only (``--modes``): each against the ceiling, and the
+    transforms' cost when both filesystem modes ran."""
+    ceiling = best("ceiling")
+    results = [ceiling, *(best(f"eosink-{m}") for m in modes)]
+    print()
+    print(f"{'mode':45s} {'records':>10s} {'seconds':>8s} {'records/s':>10s} {'/ceiling':>8s} {'CPU s':>6s} {'CPU us/rec':>10s}")
+    for r in results:
+        print(f"{r.name:45s} {r.records:>10,} {r.seconds:>8.2f} {r.rate:>10,.0f} {r.rate / ceiling.rate:>8.0%} "
+              f"{r.cpu_s:>6.1f} {r.cpu_s / r.records * 1e6:>10.1f}")
+    print(f"(ceiling runs: {', '.join(f'{x.rate:,.0f}' for x in runs['ceiling'])} records/s; 1-min load average "
+          f"{' -> '.join(f'{x:.1f}' for x in load)} on {os.cpu_count()} CPUs)")
+    targets = {}
+    if "filesystem" in modes and "filesystem-smt" in modes:
+        fs, fs_smt = best("eosink-filesystem"), best("eosink-filesystem-smt")
+        print(f"two transforms cost the filesystem sink {1 - fs_smt.rate / fs.rate:.0%} of its throughput "
+              f"(filesystem + 2 SMTs / filesystem = {fs_smt.rate / fs.rate:.3f}; CPU per record "
+              f"{fs_smt.cpu_s / fs_smt.records * 1e6:.2f} against {fs.cpu_s / fs.records * 1e6:.2f} us)")
+        targets["two transforms cost <= 20% of the filesystem sink's throughput"] = fs_smt.rate >= 0.8 * fs.rate
+        print("targets: " + "; ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in targets.items()))
+    checks_ok = all(r.check.startswith("ok") for r in results)
+    print(f"correctness: {'every sink holds exactly the N ids, each once' if checks_ok else 'FAILED'}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "benchmark": "bench/bench_worker.py",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "config": {"records": n, "topic": topic, "partitions": args.partitions, "modes": list(modes),
+                   "commit_interval_ms": int(COMMIT_INTERVAL_S * 1000), "rounds": args.rounds, "value_bytes": value_bytes},
+        "load_average_1m": [round(x, 2) for x in load],
+        "results": [{**{k: v for k, v in asdict(r).items() if k != "extra"}, **r.extra, "records_per_s": round(r.rate),
+                     "ratio_to_ceiling": round(r.rate / ceiling.rate, 3)} for r in results],
+        "targets": targets,
+        "correct": checks_ok,
+    }
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"results: {args.out}")
+    return 0 if checks_ok else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=1_000_000)
@@ -595,7 +641,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--keep", action="store_true", help="keep the sinks' output and Kafka Connect's logs")
     ap.add_argument("--rounds", type=int, default=1, help="run every mode this many times and keep each one's best")
+    ap.add_argument("--modes", default=None,
+                    help=f"only these eosink modes, comma-separated ({', '.join(MODES)}), with the ceiling and "
+                         "without the consumer keeping every record and Kafka Connect: e.g. filesystem,filesystem-smt "
+                         "for the cost of the transforms alone")
     args = ap.parse_args(argv)
+    modes = tuple(m.strip() for m in args.modes.split(",")) if args.modes else MODES
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        ap.error(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
+    if args.modes:
+        args.skip_connect = True
     wlogging.configure(os.environ.get("EOSINK_LOG_LEVEL", "ERROR"))  # a stopped ZkSession logs LOST
 
     from eosink.worker.stack import ComponentError, load_endpoints
@@ -632,12 +688,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for rnd in range(args.rounds):
             rtag = f"{tag}r{rnd}"
             label = f" (round {rnd + 1}/{args.rounds})" if args.rounds > 1 else ""
-            for kind in ("filesystem", "filesystem-smt", "filesystem-raw", "memory"):
+            for kind in modes:
                 step(f"eosink {kind}{label}", functools.partial(in_child, run_eosink, kind, ep.kafka_bootstrap, ep.zookeeper_hosts,
                                                                   topic, tps, n, rtag, workdir, args.timeout_s, args.keep))
                 groups.append(f"eosink-bench-{kind}-{rtag}")
-            step(f"consumer keeping every record{label}", functools.partial(in_child, run_ceiling, ep.kafka_bootstrap, topic, tps, n,
-                                                                                f"{rtag}k", args.timeout_s, True))
+            if not args.modes:
+                step(f"consumer keeping every record{label}", functools.partial(in_child, run_ceiling, ep.kafka_bootstrap, topic,
+                                                                                    tps, n, f"{rtag}k", args.timeout_s, True))
             for conv in () if args.skip_connect else ("string", "json"):
                 groups.append(f"connect-bench-fs-{conv}-{rtag}")
                 try:
@@ -662,6 +719,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             r.check = next(x.check for x in runs[kind] if not x.check.startswith("ok"))
         return r
 
+    if args.modes:
+        return _report_modes(args, modes, best, runs, load, n, topic, value_bytes)
     ceiling, fs, fs_raw, mem = best("ceiling"), best("eosink-filesystem"), best("eosink-filesystem-raw"), best("eosink-memory")
     fs_smt = best("eosink-filesystem-smt")
     connect = None if args.skip_connect else (best("connect-launch"), best("connect-first-byte"))

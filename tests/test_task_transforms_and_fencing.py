@@ -93,6 +93,36 @@ def test_a_transform_failing_on_a_record_sends_it_to_the_dead_letter_sink_under_
     assert log.read("c", [TP])[TP].next_offset == 3
 
 
+class FreshListSource(ListSource):
+    """Marks its batches fresh, as KafkaSource does: the transforms may edit the decoded records in place."""
+
+    def poll_batch(self, max_records, max_bytes, timeout_s):
+        batch = super().poll_batch(max_records, max_bytes, timeout_s)
+        batch.fresh = True
+        return batch
+
+
+def test_on_a_fresh_batch_the_transforms_edit_in_place_yet_a_failing_record_goes_out_as_it_was_read(request):
+    name = request.node.name
+    memory.drop_store(name)
+    memory.drop_store(name + "-dlq")
+    raws = [json.dumps({"id": i, "note": "n"}).encode() for i in (1, "one", 3)]  # "one" is no int8
+    conf = {"transforms": "tag,cast", "transforms.tag.type": "InsertField$Value", "transforms.tag.static.field": "source",
+            "transforms.tag.static.value": "eosink", "transforms.cast.type": "Cast$Value", "transforms.cast.spec": "id:int8"}
+    dlq = ReportingSink("c", name + "-dlq")
+    task = SinkTask("c", "w1", [FailingSink("c", name, FaultPlan(), "a")], FreshListSource({TP: raws}),
+                    MemoryDecisionLog(), TaskSettings(commit_interval_s=0, tolerate_errors=True), sleep=lambda _s: None,
+                    dead_letter=dlq, transforms=build_chain(conf))
+    task.open()
+    task.assign([TP])
+    assert task.run_cycle().outcome is CycleOutcome.SUCCEEDED
+    committed = sorted(memory.store(name).committed, key=lambda r: r.offset)
+    assert [(r.offset, r.value) for r in committed] == [(0, {"id": 1, "note": "n", "source": "eosink"}),
+                                                        (2, {"id": 3, "note": "n", "source": "eosink"})]
+    assert all(json.loads(r.raw_value) == r.value for r in committed)
+    assert [(f.offset, f.stage, f.value) for f in dlq.reported] == [(1, "TRANSFORMATION", raws[1])]
+
+
 def test_a_sink_refusing_a_stale_epoch_at_prepare_is_a_fenced_attempt_and_drops_the_partitions(request):
     """A zombie refused by the resource (PostgreSQL's epoch row, S3's epoch object) is fenced there
     exactly as at the decision log: counted, aborted, and its partitions let go at once."""

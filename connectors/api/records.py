@@ -30,7 +30,9 @@ class SinkRecord:
 
     ``value`` is the decoded value (per the connector's ``value.converter``); ``raw_value`` keeps
     the bytes as they were on the topic so a sink that stores JSON can write them without
-    re-encoding.
+    re-encoding. Once transforms change a JSON value, ``raw_value`` is the new value's compact JSON
+    where they could write it natively (``eosink.worker.transforms.chain``), else None: it is never
+    stale.
     """
 
     topic: str

@@ -56,6 +56,9 @@ class Batch:
     #: With ``errors.tolerance=all``: records that could not be converted, in the batch's range
     #: (``records`` holds the others, the batch goes on past them).
     failed: list[FailedRecord] = field(default_factory=list)
+    #: The records (and their values) were made for this batch alone: the transforms may edit them
+    #: in place (``TransformChain.apply_owned``) instead of copying them.
+    fresh: bool = False
 
 
 class RecordSource(Protocol):
@@ -308,7 +311,9 @@ class KafkaSource:
     def poll_batch(self, max_records: int, max_bytes: int, timeout_s: float) -> Batch:
         _pause_gc()
         try:
-            return self._poll_batch(max_records, max_bytes, timeout_s)
+            batch = self._poll_batch(max_records, max_bytes, timeout_s)
+            batch.fresh = True  # every record in it was decoded anew, for this batch alone
+            return batch
         finally:
             _resume_gc()
 

@@ -305,7 +305,7 @@ class SinkTask:
             touched = frozenset(r.tp for r in ranges)
             check_not_behind(self.connector, ranges, self.grants)
             if self.transforms is not None:
-                records = self._tolerance.transform(self.transforms, records, failed)
+                records = self._tolerance.transform(self.transforms, records, failed, owned=batch.fresh)
             self.fanout.write(records)
             if failed:
                 self._tolerance.report(failed, txn_id, self.grants)

@@ -69,13 +69,14 @@ class Tolerance:
         return records, failed
 
     def transform(self, chain: TransformChain, records: list[SinkRecord],
-                  failed: list[FailedRecord]) -> list[SinkRecord]:
+                  failed: list[FailedRecord], *, owned: bool = False) -> list[SinkRecord]:
         """``records`` through the connector's transforms. A record a stage drops is left out (its
         offset is still covered by the txn's ranges); one a stage fails on goes to ``failed`` under
-        errors.tolerance=all, and otherwise fails the cycle naming the record and the stage."""
+        errors.tolerance=all, and otherwise fails the cycle naming the record and the stage. ``owned``:
+        nothing else reads the records' values (a fresh batch), which the chain may then edit in place."""
         tolerate = self.settings.tolerate_errors and self.dead_letter is not None
         out: list[SinkRecord] = []
-        append, apply = out.append, chain.apply
+        append, apply = out.append, chain.runner(owned=owned)
         for r in records:
             try:
                 t = apply(r)

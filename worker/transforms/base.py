@@ -98,8 +98,20 @@ class MapTransform(Transform):
     ungated ``$Value`` map transforms on the value alone and rebuilds the record once.
     """
 
+    #: ``map`` returns JSON-typed values (dict, list, str, int, float, bool, None - what value.converter=json
+    #: decodes) whenever it is given one: the chain may then write the new value's JSON itself (see chain.py).
+    json_preserving: ClassVar[bool] = False
+    #: ``map``, when it changes the operand, returns a new dict or list that nothing else holds (its
+    #: elements may be the operand's): a later stage of the same run may then ``edit`` it in place.
+    fresh: ClassVar[bool] = False
+
     def map(self, r: SinkRecord, v: Any) -> Any:
         raise NotImplementedError
+
+    def edit(self, r: SinkRecord, v: dict[str, Any]) -> Any:
+        """``map(r, v)`` for a dict the chain made and nobody else holds: it may be changed in place
+        and returned, which spares the copy ``map`` makes. By default, ``map``."""
+        return self.map(r, v)
 
     def apply(self, r: SinkRecord) -> SinkRecord | None:
         v = r.key if self.on_key else r.value

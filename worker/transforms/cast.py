@@ -156,6 +156,9 @@ class Cast(MapTransform):
         self._whole, fields = parse_spec("spec", config["spec"])
         self._fields = tuple(fields.items())
 
+    json_preserving = True  # ints, floats, booleans, strings
+    fresh = True
+
     def map(self, r: SinkRecord, v: Any) -> Any:
         if v is None:
             return v

@@ -53,6 +53,9 @@ class InsertField(MapTransform):
         self._static = {static_field: static_value} if static_field is not None and static_value is not None else {}
         self._noop = not self._meta and not self._static
 
+    json_preserving = True  # the topic (a str), partition, offset, timestamp (ints), a static str
+    fresh = True
+
     def map(self, r: SinkRecord, v: Any) -> Any:
         if v is None or self._noop:
             return v
@@ -62,6 +65,14 @@ class InsertField(MapTransform):
         for field, attr in self._meta:
             new[field] = getattr(r, attr)
         return new
+
+    def edit(self, r: SinkRecord, v: dict[str, Any]) -> Any:
+        if self._noop:
+            return v
+        v.update(self._static)  # as {**v, **static}: a field already there keeps its place
+        for field, attr in self._meta:
+            v[field] = getattr(r, attr)
+        return v
 
 
 def _renames(key: str, pairs: list[str]) -> dict[str, str]:
@@ -95,6 +106,16 @@ class ReplaceField(MapTransform):
         self._include = frozenset(include) if include else None
         self._renames = _renames("renames", config.get("renames") or [])
         self._exclude_only = self._include is None and not self._renames
+
+    json_preserving = True
+    fresh = True
+
+    def edit(self, r: SinkRecord, v: dict[str, Any]) -> Any:
+        if not self._exclude_only:
+            return self.map(r, v)
+        for k in self._exclude:
+            v.pop(k, None)
+        return v
 
     def map(self, r: SinkRecord, v: Any) -> Any:
         if v is None:
@@ -146,6 +167,9 @@ class MaskField(MapTransform):
             self._replacement = table
             self._raw_replacement = repl
 
+    json_preserving = True  # empties, or the replacement as a str, int or float
+    fresh = True
+
     def _masked(self, field: str, x: Any) -> Any:
         t = type(x)
         if self._replacement is None:
@@ -183,6 +207,8 @@ class ExtractField(MapTransform):
         super().__init__(config, on_key=on_key)
         self._field: str = config["field"]
 
+    json_preserving = True  # a part of the value (not a new container: not ``fresh``)
+
     def map(self, r: SinkRecord, v: Any) -> Any:
         if v is None:
             return v
@@ -201,6 +227,9 @@ class HoistField(MapTransform):
     def __init__(self, config: Mapping[str, Any], *, on_key: bool = False) -> None:
         super().__init__(config, on_key=on_key)
         self._field: str = config["field"]
+
+    json_preserving = True
+    fresh = True
 
     def map(self, r: SinkRecord, v: Any) -> Any:
         return {self._field: v}
@@ -234,6 +263,9 @@ class Flatten(MapTransform):
     def __init__(self, config: Mapping[str, Any], *, on_key: bool = False) -> None:
         super().__init__(config, on_key=on_key)
         self._delimiter: str = str(config.get("delimiter") if config.get("delimiter") is not None else ".")
+
+    json_preserving = True
+    fresh = True
 
     def _into(self, m: dict[str, Any], prefix: str, out: dict[str, Any]) -> None:
         d = self._delimiter
