@@ -244,6 +244,7 @@ def count_sinks(ep: Any, names: Names, home: Path, committed: set[str]) -> dict[
 
     from eosink.connectors.postgres.book import prepared_manifests
     from eosink.worker.stack.demo import _lake_catalog
+    from eosink.worker.stack.demo_access import for_stack
 
     def summary(ids: list[str]) -> dict[str, int]:
         return {"rows": len(ids), "distinct": len(set(ids)), "from_aborted": sum(1 for i in ids if i.startswith("aborted-")),
@@ -252,7 +253,7 @@ def count_sinks(ep: Any, names: Names, home: Path, committed: set[str]) -> dict[
     with psycopg.connect(ep.postgres_dsn, autocommit=True) as conn:
         pg_ids = [r[0] for r in conn.execute(f'SELECT order_id FROM "{names.table}"')]
         prepared = sum(1 for _gid, connector, _m in prepared_manifests(conn) if connector == names.connector)
-    lake = _lake_catalog(ep).load_table(names.lake_table).scan(selected_fields=("order_id",)).to_arrow()
+    lake = _lake_catalog(for_stack(ep, home)).load_table(names.lake_table).scan(selected_fields=("order_id",)).to_arrow()
     s3 = boto3.client("s3", **ep.s3)
     archive: list[str] = []
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=names.archive_bucket, Prefix=f"{names.connector}/"):
