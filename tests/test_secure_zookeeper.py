@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, SessionClosedRequireSaslError
@@ -35,7 +34,7 @@ from eosink.connectors.api.records import TopicPartition
 from eosink.worker import paths
 from eosink.worker.engine.zk import ZkCredentials, ZkSession
 from tests.conftest import kafka_worker_env
-from tests.procs import WorkerProcess, wait_until
+from tests.procs import WorkerProcess, publish, wait_until
 
 pytestmark = pytest.mark.secure
 
@@ -83,31 +82,6 @@ def _close(c: KazooClient) -> None:
         pass
 
 
-def _publish(kafka: dict[str, str], topic: str, *, txns: int, per_txn: int) -> tuple[set[str], set[str]]:
-    """Transactions of ``per_txn`` records; every third aborted. Returns (committed ids, aborted ids)."""
-    p = Producer({**kafka, "transactional.id": f"test-{topic}"})
-    p.init_transactions(30)
-    committed: set[str] = set()
-    aborted: set[str] = set()
-    n = 0
-    for t in range(txns):
-        p.begin_transaction()
-        ids = []
-        for _ in range(per_txn):
-            rid = f"r-{n}"
-            p.produce(topic, value=json.dumps({"id": rid}).encode(), partition=n % PARTITIONS)
-            ids.append(rid)
-            n += 1
-        if t % 3 == 2:
-            p.flush(30)
-            p.abort_transaction(30)
-            aborted.update(ids)
-        else:
-            p.commit_transaction(30)
-            committed.update(ids)
-    return committed, aborted
-
-
 def _file_ids(out: Path, connector: str) -> list[str]:
     ids: list[str] = []
     for f in sorted((out / connector / "committed").glob("*.jsonl")):
@@ -146,7 +120,7 @@ def secured_run(secure_stack, secure_material, secure_zookeeper_env, secure_kafk
                                                 "commit.interval.ms": "200"})
     finally:
         session.stop()
-    committed, aborted = _publish(secure_kafka_admin, topic, txns=6, per_txn=50)
+    committed, aborted = publish(secure_kafka_admin, topic, PARTITIONS, txns=6, per_txn=50, aborted_every=3)
     worker = WorkerProcess(secure_stack, cluster, WORKER, tmp, extra_env={**secure_zookeeper_env, **secure_kafka_env})
     try:
         wait_until(lambda: len(set(_file_ids(tmp / "out", connector))) >= len(committed) or worker.proc.poll() is not None,
