@@ -103,7 +103,7 @@ class ZkSession:
         self.hosts = hosts
         self._kazoo_log = _StartLogger(logging.getLogger("kazoo.client"), {})
         # kazoo sends auth_data right after every (re)connect, before any request: a server that enforces
-        # authentication never sees an unauthenticated request from this session.
+        # authentication never sees an unauthenticated request from this client.
         self.client = KazooClient(hosts=hosts, timeout=session_timeout,
                                   auth_data=credentials.auth_data if credentials else None,
                                   default_acl=credentials.acl if credentials else None, logger=self._kazoo_log,

@@ -89,7 +89,7 @@ class Material:
         return USERS[role]
 
     def password(self, role: str) -> str:
-        key = f"{role}.secret_key" if role.startswith("s3.") else f"{role}.password"
+        key = secret_key(role)
         try:
             return self.credentials()[key]
         except KeyError:
@@ -98,8 +98,12 @@ class Material:
 
     def reference(self, role: str) -> str:
         """``${file:...}`` reference to ``role``'s password, for connector configs and worker settings."""
-        key = f"{role}.secret_key" if role.startswith("s3.") else f"{role}.password"
-        return f"${{file:{self.credentials_file}:{key}}}"
+        return f"${{file:{self.credentials_file}:{secret_key(role)}}}"
+
+
+def secret_key(role: str) -> str:
+    """The key of ``role``'s secret in ``credentials.properties``: S3 calls it a secret key, the rest a password."""
+    return f"{role}.secret_key" if role.startswith("s3.") else f"{role}.password"
 
 
 def endpoint(layout: StackLayout) -> dict[str, str]:
@@ -170,13 +174,13 @@ def _ensure_credentials(m: Material) -> None:
              "# Read by ${file:<this file>:<key>} references; never copy these values into a config."]
     changed = not m.credentials_file.exists()
     for role, user in USERS.items():
-        secret_key = f"{role}.secret_key" if role.startswith("s3.") else f"{role}.password"
+        key = secret_key(role)
         user_key = f"{role}.access_key" if role.startswith("s3.") else f"{role}.username"
-        value = existing.get(secret_key)
+        value = existing.get(key)
         if not value:
             value = secrets.token_urlsafe(24)
             changed = True
-        lines += [f"{user_key}={user}", f"{secret_key}={value}"]
+        lines += [f"{user_key}={user}", f"{key}={value}"]
     if changed:
         _write_private(m.credentials_file, ("\n".join(lines) + "\n").encode())
 
