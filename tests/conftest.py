@@ -10,6 +10,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -65,24 +66,27 @@ def secure_zookeeper_env(secure_material) -> dict[str, str]:
             "EOSINK_ZOOKEEPER_CA_FILE": str(secure_material.ca_cert)}
 
 
+def secure_kafka_client(role: str, home: Path = SECURE_HOME) -> dict[str, str]:
+    """librdkafka settings of principal ``role`` (``kafka.admin``, ``kafka.worker``, ``kafka.publisher``) on the secure stack."""
+    from eosink.worker.stack import load_endpoints
+    from eosink.worker.stack.components.kafka_config import client_config
+    from eosink.worker.stack.layout import StackLayout
+
+    return {"bootstrap.servers": load_endpoints(home).kafka_bootstrap, **client_config(StackLayout.for_home(home), role)}
+
+
 @pytest.fixture(scope="session")
-def secure_kafka_admin(secure_stack, secure_material) -> dict[str, str]:
+def secure_kafka_admin(secure_stack) -> dict[str, str]:
     """librdkafka settings of the secure stack's Kafka super user ``admin`` (topics, ACLs, test producers)."""
-    return {"bootstrap.servers": secure_stack.kafka_bootstrap, **secure_stack.raw["kafka"]["client"],
-            "sasl.username": secure_material.user("kafka.admin"), "sasl.password": secure_material.password("kafka.admin")}
+    return secure_kafka_client("kafka.admin")
 
 
 def kafka_worker_env(home: Path = SECURE_HOME) -> dict[str, str]:
     """``EOSINK_KAFKA_*`` variables that make a worker ``eosink-worker`` over SASL_SSL on the secure stack at ``home``.
 
     With its grants it reads topics named ``outbox.*`` and writes dead letters to ``dlq.*`` (see ``kafka_acl``)."""
-    from eosink.worker.stack import load_endpoints, secure
-    from eosink.worker.stack.layout import StackLayout
-
-    material = secure.material(StackLayout.for_home(home))
-    settings = {**(load_endpoints(home).raw or {})["kafka"]["client"], "sasl.username": material.user("kafka.worker"),
-                "sasl.password": material.password("kafka.worker")}
-    return {"EOSINK_KAFKA_" + k.upper().replace(".", "_"): v for k, v in settings.items()}
+    settings = secure_kafka_client("kafka.worker", home)
+    return {"EOSINK_KAFKA_" + k.upper().replace(".", "_"): v for k, v in settings.items() if k != "bootstrap.servers"}
 
 
 @pytest.fixture(scope="session")
@@ -105,27 +109,43 @@ def kafka_admin(stack):
     return AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
 
 
-@pytest.fixture
-def make_topic(kafka_admin, unique) -> Iterator:
-    """``make_topic(partitions=3) -> name``: creates a topic, deleted after the test."""
+@contextmanager
+def topic_maker(admin, unique: str) -> Iterator:
+    """``make(partitions=1, name=None) -> name`` creating topics through ``admin``; all deleted on exit."""
     from confluent_kafka.admin import NewTopic
 
     created: list[str] = []
 
     def make(partitions: int = 1, name: str | None = None) -> str:
         topic = name or f"{unique}_{len(created)}"
-        fs = kafka_admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+        fs = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
         fs[topic].result(30)
         created.append(topic)
         return topic
 
     yield make
     if created:
-        for f in kafka_admin.delete_topics(created).values():
+        for f in admin.delete_topics(created).values():
             try:
                 f.result(30)
             except Exception:  # noqa: BLE001 - cleanup only; the topic names are unique anyway
                 pass
+
+
+@pytest.fixture
+def make_topic(kafka_admin, unique) -> Iterator:
+    """``make_topic(partitions=3) -> name``: creates a topic, deleted after the test."""
+    with topic_maker(kafka_admin, unique) as make:
+        yield make
+
+
+@pytest.fixture
+def secure_make_topic(secure_kafka_admin, unique) -> Iterator:
+    """``make_topic`` on the secure stack, as its Kafka super user (a least-privilege principal may not create topics)."""
+    from confluent_kafka.admin import AdminClient
+
+    with topic_maker(AdminClient({**secure_kafka_admin, "log_level": 0}), unique) as make:
+        yield make
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import secure_kafka_client
 from tests.procs import WorkerProcess, wait_until
 from tests.spark_fixtures import spark  # noqa: F401 - a fixture
 
@@ -31,10 +32,9 @@ BAD_EVERY = 25  # every 25th committed record is not JSON: it goes to the dead-l
 # -- clients of the secure stack ----------------------------------------------------------------------
 
 
-def client(stack: Any, material: Any, role: str, **extra: Any) -> dict[str, Any]:
+def client(role: str, **extra: Any) -> dict[str, Any]:
     """librdkafka settings of ``role``: the stack's non-secret client settings plus its user and password."""
-    return {"bootstrap.servers": stack.kafka_bootstrap, **stack.raw["kafka"]["client"], "sasl.username": material.user(role),
-            "sasl.password": material.password(role), "log_level": 0, **extra}
+    return {**secure_kafka_client(role), "log_level": 0, **extra}
 
 
 @pytest.fixture(scope="module")
@@ -43,25 +43,9 @@ def admin_conf(secure_kafka_admin) -> dict[str, Any]:
 
 
 @pytest.fixture
-def topics(admin_conf, unique) -> Iterator[Any]:
+def topics(secure_make_topic) -> Any:
     """``topics(name, partitions)`` creates a topic as admin; all are deleted after the test."""
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient(admin_conf)
-    made: list[str] = []
-
-    def make(name: str, partitions: int = 1) -> str:
-        admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])[name].result(30)
-        made.append(name)
-        return name
-
-    yield make
-    if made:
-        for f in admin.delete_topics(made).values():
-            try:
-                f.result(30)
-            except Exception:  # noqa: BLE001 - cleanup only; names are unique
-                pass
+    return lambda name, partitions=1: secure_make_topic(partitions, name)
 
 
 @pytest.fixture
@@ -323,7 +307,7 @@ def _metadata(conf: dict[str, Any]) -> Any:
 def test_client_without_tls_or_with_a_wrong_password_is_refused(secure_stack, secure_material):
     from confluent_kafka import KafkaException
 
-    good = client(secure_stack, secure_material, "kafka.worker")
+    good = client("kafka.worker")
     assert _metadata(good).brokers  # the same settings with the right password and TLS work
     for conf in ({"bootstrap.servers": secure_stack.kafka_bootstrap, "log_level": 0},
                  {**good, "security.protocol": "SASL_PLAINTEXT"},
@@ -341,7 +325,7 @@ def test_controller_listener_refuses_clients_without_the_admin_password(secure_s
     from tests.conftest import SECURE_HOME
 
     port = kafka_config.controller_port(StackLayout.for_home(SECURE_HOME), 1)
-    worker = client(secure_stack, secure_material, "kafka.worker", **{"bootstrap.servers": f"127.0.0.1:{port}"})
+    worker = client("kafka.worker", **{"bootstrap.servers": f"127.0.0.1:{port}"})
     for conf in ({"bootstrap.servers": f"127.0.0.1:{port}", "log_level": 0}, worker, {**worker, "sasl.mechanism": "PLAIN"}):
         with pytest.raises(KafkaException):
             _metadata(conf)
@@ -352,7 +336,7 @@ def test_preflight_names_the_setting_for_a_wrong_password_and_a_wrong_ca(secure_
     from eosink.worker.engine.kafka_errors import KafkaAuthenticationError, KafkaTlsError
     from eosink.worker.stack import secure
 
-    good = client(secure_stack, secure_material, "kafka.worker")
+    good = client("kafka.worker")
     settings = {k: v for k, v in good.items() if k not in ("bootstrap.servers", "log_level")}
     check_kafka(secure_stack.kafka_bootstrap, settings, 10)
     with pytest.raises(KafkaAuthenticationError, match="sasl.username / sasl.password") as e:
@@ -412,7 +396,7 @@ def expected_ids(job: str, partitions: int, per_partition: int) -> list[str]:
 
 def test_publisher_with_only_its_grants_publishes_every_record_once(secure_stack, secure_material, admin_conf, topics, unique):
     topic = topics(f"outbox.{unique}", 2)
-    conf = client(secure_stack, secure_material, "kafka.publisher")
+    conf = client("kafka.publisher")
     job = f"outbox.{unique}"
     assert publish_partitions(conf, topic, job, "r1", 3, 20) == 60
     assert publish_partitions(conf, topic, job, "r1", 3, 20) == 0, "a re-run with the same run id published again"
@@ -438,7 +422,7 @@ def test_publisher_without_one_grant_is_refused_naming_it_and_writes_nothing(sec
     from eosink.spark_jobs.errors import AuthorizationError
 
     topic = topics(f"outbox.{unique}", 2)
-    conf = client(secure_stack, secure_material, "kafka.publisher")
+    conf = client("kafka.publisher")
     job = f"outbox.{unique}"
     without(grant)
     with pytest.raises(AuthorizationError) as refused:
@@ -460,7 +444,7 @@ def test_publisher_with_a_wrong_password_fails_naming_sasl_password_and_publishe
     from eosink.spark_jobs.errors import AuthenticationError
 
     topic = topics(f"outbox.{unique}", 1)
-    conf = {**client(secure_stack, secure_material, "kafka.publisher"), "sasl.password": "not-the-password"}
+    conf = {**client("kafka.publisher"), "sasl.password": "not-the-password"}
     with pytest.raises(AuthenticationError, match=r"eosink-publisher .*sasl\.username / sasl\.password") as e:
         publish_partitions(conf, topic, f"outbox.{unique}", "r1", 1, 5)
     assert "not-the-password" not in str(e.value) and len(str(e.value).splitlines()) == 1
@@ -491,7 +475,7 @@ def test_spark_publish_outbox_as_the_publisher_publishes_every_row_once_and_a_re
     from eosink.spark_jobs import publish_outbox
 
     topic = topics(f"outbox.{unique}", 2)
-    conf = {k: v for k, v in client(secure_stack, secure_material, "kafka.publisher").items() if k != "log_level"}
+    conf = {k: v for k, v in client("kafka.publisher").items() if k != "log_level"}
     df = spark.range(0, 200, 1, numPartitions=4).select(F.format_string("k-%04d", F.col("id")).alias("k"), F.col("id"))
     job = f"outbox.{unique}"
     first = publish_outbox(df, topic, key="k", job=job, run_id="r1", kafka=conf)

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, SECURE_HOME
+from tests.conftest import REPO, SECURE_HOME, secure_kafka_client
 from tests.procs import WorkerProcess, publish, register, wait_until
 
 pytestmark = [pytest.mark.secure, pytest.mark.chaos]
@@ -34,25 +34,20 @@ class SecurePipeline:
     """One connector on the secure stack: its outbox topic, its sinks, its workers, and how to count them."""
 
     def __init__(self, stack: Any, material: Any, unique: str, tmp: Path, zk_env: dict[str, str], kafka_env: dict[str, str],
-                 admin_conf: dict[str, Any]) -> None:
-        from confluent_kafka.admin import AdminClient, NewTopic
-
+                 make_topic: Any) -> None:
         from eosink.worker.engine.zk import ZkCredentials
 
         self.stack, self.material, self.unique, self.tmp = stack, material, unique, tmp
         self.cluster = unique
         self.connector = unique.replace("_", "-")
-        self.topic = f"outbox.{unique}"
+        self.topic = make_topic(PARTITIONS, f"outbox.{unique}")
         self.table = unique
         self.out = tmp / "out"
         self.bucket = stack.security["sink_bucket"]
         self.prefix = self.connector
         self.env = {**kafka_env, **zk_env}
         self.zk_credentials = ZkCredentials(material.user("zookeeper"), material.password("zookeeper"))
-        self.admin = AdminClient(admin_conf)
-        self.admin.create_topics([NewTopic(self.topic, num_partitions=PARTITIONS, replication_factor=1)])[self.topic].result(30)
-        self.publisher = {"bootstrap.servers": stack.kafka_bootstrap, **stack.raw["kafka"]["client"],
-                          "sasl.username": material.user("kafka.publisher"), "sasl.password": material.password("kafka.publisher")}
+        self.publisher = secure_kafka_client("kafka.publisher")
         self.committed: set[str] = set()
         self.aborted: set[str] = set()
         self.batches = 0
@@ -153,20 +148,11 @@ class SecurePipeline:
         if "archive" in sinks:
             assert self.s3_keys(f"{self.prefix}/__pending__/{self.connector}/") == [], f"s3: a prepared txn was left {what}"
 
-    def close(self) -> None:
-        self.stop_all()
-        for f in self.admin.delete_topics([self.topic]).values():
-            try:
-                f.result(30)
-            except Exception:  # noqa: BLE001 - cleanup only; names are unique
-                pass
-
-
 @pytest.fixture
-def pipeline(secure_stack, secure_material, unique, tmp_path, secure_zookeeper_env, secure_kafka_env, secure_kafka_admin):
-    p = SecurePipeline(secure_stack, secure_material, unique, tmp_path, secure_zookeeper_env, secure_kafka_env, secure_kafka_admin)
+def pipeline(secure_stack, secure_material, unique, tmp_path, secure_zookeeper_env, secure_kafka_env, secure_make_topic):
+    p = SecurePipeline(secure_stack, secure_material, unique, tmp_path, secure_zookeeper_env, secure_kafka_env, secure_make_topic)
     yield p
-    p.close()
+    p.stop_all()
 
 
 @pytest.mark.parametrize("point", ["after_prepare", "after_decide", "mid_commit"])

@@ -91,8 +91,12 @@ def stack_kafka_defaults(bootstrap: str, given: dict[str, str]) -> dict[str, str
     client = (ep.raw or {}).get("kafka", {}).get("client")
     if not ep.security or not client or bootstrap != ep.kafka_bootstrap:
         return {}
-    return {**client, "sasl.username": "eosink-worker",
-            "sasl.password": f"${{file:{ep.security['credentials_file']}:kafka.worker.password}}"}
+    from pathlib import Path
+
+    from eosink.worker.stack.secure import Material
+
+    material = Material(Path(ep.security["credentials_file"]).parent)
+    return {**client, "sasl.username": material.user("kafka.worker"), "sasl.password": material.reference("kafka.worker")}
 
 
 def _require(value: str, what: str, flag: str, env: str) -> str:

@@ -86,12 +86,13 @@ def _open(ep: Endpoints) -> DemoAccess:
 
 def _secure(ep: Endpoints, home: Path) -> DemoAccess:
     from eosink.worker.stack import secure
+    from eosink.worker.stack.components.kafka_config import client_config
     from eosink.worker.stack.layout import StackLayout
 
-    m = secure.material(StackLayout.for_home(home))
+    layout = StackLayout.for_home(home)
+    m = secure.material(layout)
     raw = ep.raw or {}
     pg = raw["postgres"]
-    client = raw["kafka"]["client"]
     bucket = (ep.security or {})["sink_bucket"]
     catalog_uri = (f"postgresql+psycopg2://{pg['sink_user']}@{ep.postgres_dsn.split('@', 1)[1].split('/', 1)[0]}/eosink"
                    f"?sslmode=verify-full&sslrootcert={m.ca_cert}&passfile={pg['passfile']}")
@@ -100,10 +101,8 @@ def _secure(ep: Endpoints, home: Path) -> DemoAccess:
     return DemoAccess(
         secure=True, config=CONFIGS / "demo-orders-secure.json", topic="outbox.demo-orders", job="outbox.demo",
         table=f"{pg['sink_schema']}.demo_orders",
-        kafka_admin={"bootstrap.servers": ep.kafka_bootstrap, **client, "sasl.username": m.user("kafka.admin"),
-                     "sasl.password": m.password("kafka.admin")},
-        kafka_publisher={"bootstrap.servers": ep.kafka_bootstrap, **client, "sasl.username": m.user("kafka.publisher"),
-                         "sasl.password": m.password("kafka.publisher")},
+        kafka_admin={"bootstrap.servers": ep.kafka_bootstrap, **client_config(layout, "kafka.admin")},
+        kafka_publisher={"bootstrap.servers": ep.kafka_bootstrap, **client_config(layout, "kafka.publisher")},
         aborted_txn_prefix="eosink-outbox.demo-aborted-", pg_dsn=pg["sink_dsn"],
         s3_admin={**ep.s3, "aws_access_key_id": m.user("s3.root"), "aws_secret_access_key": m.password("s3.root")},
         lake_bucket=bucket, lake_prefix="demo-lake", archive_bucket=bucket, archive_prefix="demo-archive",

@@ -130,12 +130,18 @@ def client_settings(layout: StackLayout) -> dict[str, str]:
             "ssl.ca.location": str(secure.material(layout).ca_cert)}
 
 
-def admin_client_config(layout: StackLayout) -> dict[str, str]:
-    """librdkafka settings of the stack's own admin connection (probes, ACL provisioning); empty when open."""
+def client_config(layout: StackLayout, role: str) -> dict[str, str]:
+    """librdkafka settings of the secure stack's principal ``role`` (``kafka.admin``, ``kafka.worker``,
+    ``kafka.publisher``): the client settings plus its user name and password; empty when open."""
     if not layout.secure:
         return {}
     m = secure.material(layout)
-    return {**client_settings(layout), "sasl.username": m.user(ADMIN_ROLE), "sasl.password": m.password(ADMIN_ROLE)}
+    return {**client_settings(layout), "sasl.username": m.user(role), "sasl.password": m.password(role)}
+
+
+def admin_client_config(layout: StackLayout) -> dict[str, str]:
+    """librdkafka settings of the stack's own admin connection (probes, ACL provisioning); empty when open."""
+    return client_config(layout, ADMIN_ROLE)
 
 
 def secure_settings(layout: StackLayout, node: int) -> dict[str, str]:
@@ -152,7 +158,7 @@ def secure_settings(layout: StackLayout, node: int) -> dict[str, str]:
     super user is needed.
     """
     m = secure.material(layout)
-    admin, admin_password = m.user(ADMIN_ROLE), f"${{file:{m.credentials_file}:{ADMIN_ROLE}.password}}"
+    admin, admin_password = m.user(ADMIN_ROLE), m.reference(ADMIN_ROLE)
     scram_jaas = (f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{admin}" '
                   f'password="{admin_password}";')
     plain_jaas = (f'org.apache.kafka.common.security.plain.PlainLoginModule required username="{admin}" '
