@@ -30,7 +30,7 @@ from eosink.worker.engine.task import SinkTask
 from eosink.worker.engine.types import CycleOutcome, TaskSettings, TaskState
 from eosink.worker.stack import Endpoints
 from tests.fakes import ListSource
-from tests.sinkkit import prepare, records
+from tests.sinkkit import manifest_for, prepare, records
 
 MakeSink = Callable[..., S3Sink]
 
@@ -412,6 +412,21 @@ def test_plain_http_endpoint_signs_the_sha256_of_every_part_which_the_server_che
     assert len(sent) == 1
     digest, body, checksums = sent[0]
     assert digest == hashlib.sha256(body).hexdigest() and body.count(b"\n") == 3 and checksums == ""
+
+
+@pytest.mark.parametrize("topics", ["one topic", "two topics"])
+def test_record_outside_the_manifests_partitions_is_fatal_naming_it_and_nothing_is_uploaded(
+        make_sink, client, bucket, unique, topics):
+    sink = make_sink()
+    recs = records("t", [{"n": 1}]) + (records("u", [{"n": 2}], partition=1) if topics == "two topics" else [])
+    m = manifest_for(f"{unique}.w.1.1", unique, recs, 1)
+    strays = [records("x", [{"n": 3}], start=7)[0], records("t", [{"n": 3}], partition=5, start=7)[0]]
+    for stray in strays:  # another topic at a partition of the manifest; a partition it does not cover
+        sink.begin_transaction(m.txn_id)
+        sink.write([*recs, stray])
+        with pytest.raises(FatalError, match=rf"record {stray.topic}-{stray.partition}@7 is outside the manifest"):
+            sink.pre_commit(m)
+    assert keys(client, bucket) == [] and open_uploads(client, bucket) == []
 
 
 # -- formats ----------------------------------------------------------------------------------

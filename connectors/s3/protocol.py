@@ -82,6 +82,7 @@ T = TypeVar("T")
 class CycleTimings:
     """Milliseconds of the last cycle's phases (for metrics and the benchmark)."""
 
+    group_ms: float = 0.0  # the batch's records per partition (before prepare)
     encode_ms: float = 0.0
     prepare_ms: float = 0.0  # creates, parts, epoch reads, the txn's .json
     commit_ms: float = 0.0  # completes, epoch raises
