@@ -355,15 +355,20 @@ def test_epoch_raise_starts_from_what_the_fence_listed_and_a_stale_listing_never
     prepare(sink, f"{unique}.w.2.1", records("t", [{"n": 1}]), epoch=2)
     sink.commit(f"{unique}.w.2.1")
     assert [op for op, key in calls if key == epoch_key] == ["put_object"]  # no read: the fence saw none
-    prepare(sink, f"{unique}.w.3.1", records("t", [{"n": 2}], start=1), epoch=3)  # fence: ETag = MD5("2")
-    other = make_sink()
-    prepare(other, f"{unique}.w.4.1", records("t", [{"n": 3}], start=2), epoch=4)
-    other.commit(f"{unique}.w.4.1")  # raised to 4 after this sink's fence listed 2
     calls.clear()
-    sink.commit(f"{unique}.w.3.1")  # a decided txn committed late: its CAS from ETag "2" loses, then reads 4
+    prepare(sink, f"{unique}.w.3.1", records("t", [{"n": 2}], start=1), epoch=3)  # fence: ETag = MD5("2")
+    sink.commit(f"{unique}.w.3.1")
+    assert [op for op, key in calls if key == epoch_key] == ["put_object"]  # IfMatch on the listed ETag
+    assert client.get_object(Bucket=bucket, Key=epoch_key)["Body"].read() == b"3"
+    prepare(sink, f"{unique}.w.4.1", records("t", [{"n": 3}], start=2), epoch=4)  # fence: ETag = MD5("3")
+    other = make_sink()
+    prepare(other, f"{unique}.w.5.1", records("t", [{"n": 4}], start=3), epoch=5)
+    other.commit(f"{unique}.w.5.1")  # raised to 5 after this sink's fence listed 3
+    calls.clear()
+    sink.commit(f"{unique}.w.4.1")  # a decided txn committed late: its CAS from ETag "3" loses, then reads 5
     assert [op for op, key in calls if key == epoch_key] == ["put_object", "get_object"]
-    assert client.get_object(Bucket=bucket, Key=epoch_key)["Body"].read() == b"4"
-    assert len(visible(client, bucket, unique)) == 3
+    assert client.get_object(Bucket=bucket, Key=epoch_key)["Body"].read() == b"5"
+    assert len(visible(client, bucket, unique)) == 4
 
 
 def test_committed_txns_json_objects_go_in_one_delete_and_recover_finishes_what_is_left(
