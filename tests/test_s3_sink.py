@@ -397,6 +397,31 @@ def test_committed_txns_json_objects_go_in_one_delete_and_recover_finishes_what_
     assert deletes[-1] == [pending(unique, txns[n])]
 
 
+def test_a_failed_cleanup_goes_again_with_the_next_one(make_sink, client, bucket, unique, monkeypatch):
+    sink = make_sink()
+    deletes: list[list[str]] = []
+    real = sink.txns.bucket.delete
+
+    def delete_failing_once(keys_: list[str]) -> None:
+        deletes.append(keys_)
+        if len(deletes) == 1:
+            raise RetryableError("S3 unreachable for a moment")
+        real(keys_)
+
+    monkeypatch.setattr(sink.txns.bucket, "delete", delete_failing_once)
+    n = s3protocol.CLEANUP_BATCH
+    txns = [f"{unique}.w.1.{i + 1}" for i in range(n + 1)]
+    for i, txn in enumerate(txns[:n]):
+        prepare(sink, txn, records("t", [{"n": i}], start=i))
+        sink.commit(txn)
+    sink.txns._reap_cleanups(block=True)  # the failed delete is logged, its keys kept for the next
+    assert len(keys(client, bucket, "__pending__/")) == n
+    prepare(sink, txns[n], records("t", [{"n": n}], start=n))
+    sink.commit(txns[n])
+    sink.txns._reap_cleanups(block=True)
+    assert deletes[1] == [pending(unique, t) for t in txns] and keys(client, bucket, "__pending__/") == []
+
+
 def test_plain_http_endpoint_signs_the_sha256_of_every_part_which_the_server_checks(make_sink, stack, unique):
     """Over http botocore signs each body's SHA-256, which the server recomputes: the sink leaves
     out the CRC32 botocore would add on top, and the bytes stay verified end to end."""

@@ -169,7 +169,7 @@ class MultipartTxns:
         # .json keys of committed txns not deleted yet (see _tidy), oldest first, and when the first came.
         self._committed: dict[str, None] = {}
         self._committed_since = 0.0
-        self._cleanups: list[Future[None]] = []
+        self._cleanups: list[tuple[Future[None], list[str]]] = []  # background deletes and their keys
         self.timings = CycleTimings()
 
     def close(self) -> None:
@@ -312,7 +312,8 @@ class MultipartTxns:
         self._reap_cleanups()
         due = len(self._committed) >= CLEANUP_BATCH or time.monotonic() - self._committed_since >= CLEANUP_AGE_S
         if self._committed and (force or due):
-            self._cleanups.append(self._small.submit(self.bucket.delete, list(self._committed)))
+            keys = list(self._committed)
+            self._cleanups.append((self._small.submit(self.bucket.delete, keys), keys))
             self._committed = {}
 
     def _complete_all(self, prepared: Prepared) -> None:
@@ -381,17 +382,21 @@ class MultipartTxns:
 
     def _reap_cleanups(self, block: bool = False) -> None:
         """Forget finished background cleanups (waiting for all with ``block``); a failed one is
-        logged: its txn is committed, and ``recover`` finishes the cleanup."""
+        logged and its keys go with the next one: its txns are committed, and ``recover``
+        finishes the cleanup of any an instance did not."""
         if block:
-            wait(self._cleanups)
-        still: list[Future[None]] = []
-        for f in self._cleanups:
+            wait([f for f, _ in self._cleanups])
+        still: list[tuple[Future[None], list[str]]] = []
+        for f, keys in self._cleanups:
             if not f.done():
-                still.append(f)
+                still.append((f, keys))
             elif f.exception() is not None:
                 structlog.get_logger("eosink.s3").warning(
                     "cleanup_failed", connector=self.layout.connector, bucket=self.bucket.name, error=str(f.exception()),
-                    note="the txn is committed; recover deletes its .json")
+                    note="the txns are committed; the next cleanup or recover deletes their .json")
+                if not self._committed:
+                    self._committed_since = time.monotonic()
+                self._committed.update(dict.fromkeys(keys))
         self._cleanups = still
 
     # -- abort / recover --------------------------------------------------------------------
