@@ -30,7 +30,7 @@ from eosink.worker.engine.task import SinkTask
 from eosink.worker.engine.types import CycleOutcome, TaskSettings, TaskState
 from eosink.worker.stack import Endpoints
 from tests.fakes import ListSource
-from tests.sinkkit import prepare, records
+from tests.sinkkit import manifest_for, prepare, records
 
 MakeSink = Callable[..., S3Sink]
 
@@ -301,7 +301,8 @@ def test_stale_epoch_prepare_is_refused_as_fenced_and_leaves_nothing_pending(mak
     zombie = make_sink()
     with pytest.raises(FencedError, match="epoch 1 for t-0 is older than 2"):
         prepare(zombie, f"{unique}.w.1.9", records("t", [{"n": 2}], start=1), epoch=1)
-    assert keys(client, bucket, "__pending__/") == [] and zombie.recover() == []
+    # Only the owner's committed txn (its .json goes with the next ones): nothing of the zombie's.
+    assert keys(client, bucket, "__pending__/") == [pending(unique, f"{unique}.w.2.1")] and zombie.recover() == []
     assert open_uploads(client, bucket) == []  # its upload aborted, not left to a lifecycle rule
     prepare(owner, f"{unique}.w.2.2", records("t", [{"n": 2}], start=1), epoch=2)  # the owner goes on
     owner.commit(f"{unique}.w.2.2")
@@ -334,6 +335,128 @@ def test_epoch_object_is_raised_at_commit_and_never_lowered_by_an_older_decided_
     make_sink().recover_and_commit(m_old)  # the decision stands: it is committed, late
     assert client.get_object(Bucket=bucket, Key=f"__epochs__/{unique}/t-0")["Body"].read() == b"3"
     assert len(visible(client, bucket, unique)) == 2
+
+
+def test_epoch_raise_starts_from_what_the_fence_listed_and_a_stale_listing_never_lowers_it(
+        make_sink, client, bucket, unique, monkeypatch):
+    """The first compare-and-set of a raise uses the ETag (or absence) the prepare's fence listed,
+    without reading the epoch object again; when another writer raised it since, that attempt
+    loses the compare-and-set and the object is read: the epoch is never lowered."""
+    sink = make_sink()
+    calls: list[tuple[str, str | None]] = []
+    real = sink.txns.bucket.call
+
+    def call(op: str, key: str | None, **kwargs: Any) -> Any:
+        calls.append((op, key))
+        return real(op, key, **kwargs)
+
+    monkeypatch.setattr(sink.txns.bucket, "call", call)
+    epoch_key = f"__epochs__/{unique}/t-0"
+    prepare(sink, f"{unique}.w.2.1", records("t", [{"n": 1}]), epoch=2)
+    sink.commit(f"{unique}.w.2.1")
+    assert [op for op, key in calls if key == epoch_key] == ["put_object"]  # no read: the fence saw none
+    calls.clear()
+    prepare(sink, f"{unique}.w.3.1", records("t", [{"n": 2}], start=1), epoch=3)  # fence: ETag = MD5("2")
+    sink.commit(f"{unique}.w.3.1")
+    assert [op for op, key in calls if key == epoch_key] == ["put_object"]  # IfMatch on the listed ETag
+    assert client.get_object(Bucket=bucket, Key=epoch_key)["Body"].read() == b"3"
+    prepare(sink, f"{unique}.w.4.1", records("t", [{"n": 3}], start=2), epoch=4)  # fence: ETag = MD5("3")
+    other = make_sink()
+    prepare(other, f"{unique}.w.5.1", records("t", [{"n": 4}], start=3), epoch=5)
+    other.commit(f"{unique}.w.5.1")  # raised to 5 after this sink's fence listed 3
+    calls.clear()
+    sink.commit(f"{unique}.w.4.1")  # a decided txn committed late: its CAS from ETag "3" loses, then reads 5
+    assert [op for op, key in calls if key == epoch_key] == ["put_object", "get_object"]
+    assert client.get_object(Bucket=bucket, Key=epoch_key)["Body"].read() == b"5"
+    assert len(visible(client, bucket, unique)) == 4
+
+
+def test_committed_txns_json_objects_go_in_one_delete_and_recover_finishes_what_is_left(
+        make_sink, client, bucket, unique, monkeypatch):
+    sink = make_sink()
+    deletes: list[list[str]] = []
+    real = sink.txns.bucket.delete
+
+    def delete(keys_: list[str]) -> None:
+        deletes.append(keys_)
+        real(keys_)
+
+    monkeypatch.setattr(sink.txns.bucket, "delete", delete)
+    n = s3protocol.CLEANUP_BATCH
+    txns = [f"{unique}.w.1.{i + 1}" for i in range(n + 1)]
+    for i, txn in enumerate(txns):
+        prepare(sink, txn, records("t", [{"n": i}], start=i))
+        sink.commit(txn)
+    sink.txns._reap_cleanups(block=True)
+    assert deletes == [[pending(unique, t) for t in txns[:n]]]  # one request for the first n
+    assert keys(client, bucket, "__pending__/") == [pending(unique, txns[n])]
+    assert make_sink().recover() == []  # a committed txn's .json left behind (as after a crash): finished
+    assert keys(client, bucket, "__pending__/") == [] and open_uploads(client, bucket) == []
+    assert len(visible(client, bucket, unique)) == n + 1
+    sink.close()  # deletes what it still holds: already gone, no error
+    assert deletes[-1] == [pending(unique, txns[n])]
+
+
+def test_a_failed_cleanup_goes_again_with_the_next_one(make_sink, client, bucket, unique, monkeypatch):
+    sink = make_sink()
+    deletes: list[list[str]] = []
+    real = sink.txns.bucket.delete
+
+    def delete_failing_once(keys_: list[str]) -> None:
+        deletes.append(keys_)
+        if len(deletes) == 1:
+            raise RetryableError("S3 unreachable for a moment")
+        real(keys_)
+
+    monkeypatch.setattr(sink.txns.bucket, "delete", delete_failing_once)
+    n = s3protocol.CLEANUP_BATCH
+    txns = [f"{unique}.w.1.{i + 1}" for i in range(n + 1)]
+    for i, txn in enumerate(txns[:n]):
+        prepare(sink, txn, records("t", [{"n": i}], start=i))
+        sink.commit(txn)
+    sink.txns._reap_cleanups(block=True)  # the failed delete is logged, its keys kept for the next
+    assert len(keys(client, bucket, "__pending__/")) == n
+    prepare(sink, txns[n], records("t", [{"n": n}], start=n))
+    sink.commit(txns[n])
+    sink.txns._reap_cleanups(block=True)
+    assert deletes[1] == [pending(unique, t) for t in txns] and keys(client, bucket, "__pending__/") == []
+
+
+def test_plain_http_endpoint_signs_the_sha256_of_every_part_which_the_server_checks(make_sink, stack, unique):
+    """Over http botocore signs each body's SHA-256, which the server recomputes: the sink leaves
+    out the CRC32 botocore would add on top, and the bytes stay verified end to end."""
+    import hashlib
+
+    assert stack.s3["endpoint_url"].startswith("http://")
+    sink = make_sink()
+    sent: list[tuple[str, bytes, str]] = []
+
+    def record(request: Any, **_kw: Any) -> None:
+        if "uploadId=" in request.url and request.method == "PUT":
+            body = request.body if isinstance(request.body, bytes) else request.body.getvalue()
+            sent.append((request.headers["X-Amz-Content-SHA256"].decode(), body,
+                         ",".join(h for h in request.headers if h.lower().startswith("x-amz-checksum"))))
+
+    sink.txns.bucket.client.meta.events.register("before-send.s3.UploadPart", record)
+    prepare(sink, f"{unique}.w.1.1", records("t", [{"n": i} for i in range(3)]))
+    assert len(sent) == 1
+    digest, body, checksums = sent[0]
+    assert digest == hashlib.sha256(body).hexdigest() and body.count(b"\n") == 3 and checksums == ""
+
+
+@pytest.mark.parametrize("topics", ["one topic", "two topics"])
+def test_record_outside_the_manifests_partitions_is_fatal_naming_it_and_nothing_is_uploaded(
+        make_sink, client, bucket, unique, topics):
+    sink = make_sink()
+    recs = records("t", [{"n": 1}]) + (records("u", [{"n": 2}], partition=1) if topics == "two topics" else [])
+    m = manifest_for(f"{unique}.w.1.1", unique, recs, 1)
+    strays = [records("x", [{"n": 3}], start=7)[0], records("t", [{"n": 3}], partition=5, start=7)[0]]
+    for stray in strays:  # another topic at a partition of the manifest; a partition it does not cover
+        sink.begin_transaction(m.txn_id)
+        sink.write([*recs, stray])
+        with pytest.raises(FatalError, match=rf"record {stray.topic}-{stray.partition}@7 is outside the manifest"):
+            sink.pre_commit(m)
+    assert keys(client, bucket) == [] and open_uploads(client, bucket) == []
 
 
 # -- formats ----------------------------------------------------------------------------------

@@ -49,11 +49,20 @@ CONFLICT = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict",
 def make_client(*, endpoint_url: str | None, region: str, access_key: str | None, secret_key: str | None,
                 session_token: str | None, max_attempts: int, connections: int, path_style: bool,
                 ca_bundle: str | None = None) -> Any:
-    """A boto3 S3 client; ``ca_bundle``: PEM file of the CAs to trust (None: ``AWS_CA_BUNDLE``, else the system's)."""
+    """A boto3 S3 client; ``ca_bundle``: PEM file of the CAs to trust (None: ``AWS_CA_BUNDLE``, else the system's).
+
+    Every body stays verified by the server, once: over ``https`` botocore sends it unsigned with a
+    CRC32 the server checks (its default); over plain ``http`` it always signs the body's SHA-256
+    (``X-Amz-Content-SHA256``), which the server recomputes and refuses on a mismatch, so the
+    CRC32 it would add on top (a second pass over every part, client and server) is left out there.
+    """
+    plain_http = bool(endpoint_url) and str(endpoint_url).lower().startswith("http://")
+    checksums = {"request_checksum_calculation": "when_required"} if plain_http else {}
     config = Config(
         retries={"max_attempts": max_attempts, "mode": "standard"},
         connect_timeout=10, read_timeout=60, max_pool_connections=max(10, connections),
         s3={"addressing_style": "path" if path_style else "auto"},
+        **checksums,
     )
     return boto3.session.Session().client(
         "s3", endpoint_url=endpoint_url or None, region_name=region, aws_access_key_id=access_key or None,

@@ -32,15 +32,16 @@ names the txn that wrote it (``eosink-txn``, set at CreateMultipartUpload): when
 txn, the commit already happened; when it does not, the prepared data is gone - in practice a
 bucket lifecycle rule ``AbortIncompleteMultipartUpload`` shorter than a prepared txn's life -
 and the commit is a FatalError that says so. After a commit the ``.json`` is deleted in the
-background (it only tidies a committed txn); a crash before that is finished by ``recover``,
-which completes whatever is still open of a txn of which any object is already complete (a
-complete only ever follows the engine's commit decision).
+background, those of several commits in one DeleteObjects (it only tidies a committed txn); a
+crash before that is finished by ``recover``, which completes whatever is still open of a txn of
+which any object is already complete (a complete only ever follows the engine's commit decision).
 
 **The resource fence.** ``prepare`` lists ``__epochs__/...`` (while the parts upload: they are
 invisible) and, when the manifest's epoch is older than one stored for its partitions, aborts
 its uploads and raises FencedError before the ``.json`` exists. ``commit`` raises the stored
 epoch with a compare-and-set (``IfMatch`` on the ETag, ``IfNoneMatch`` for the first) so two
-writers never lower it.
+writers never lower it; the first attempt starts from the ETag the fence listed (a stale one only
+loses the compare-and-set, then the object is read).
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ BOOKKEEPING_THREADS = 2
 MAX_PARTS = 10_000
 #: Age after which an upload no prepared txn names is garbage, not a prepare in flight.
 ORPHAN_AGE_S = 3600.0
+#: Committed txns whose ``.json`` objects go in one DeleteObjects (one request, not one per commit).
+CLEANUP_BATCH = 8
+#: ... or fewer, once the oldest of them waited this long (a connector that commits rarely).
+CLEANUP_AGE_S = 30.0
 T = TypeVar("T")
 
 
@@ -77,6 +82,7 @@ T = TypeVar("T")
 class CycleTimings:
     """Milliseconds of the last cycle's phases (for metrics and the benchmark)."""
 
+    group_ms: float = 0.0  # the batch's records per partition (before prepare)
     encode_ms: float = 0.0
     prepare_ms: float = 0.0  # creates, parts, epoch reads, the txn's .json
     commit_ms: float = 0.0  # completes, epoch raises
@@ -157,10 +163,17 @@ class MultipartTxns:
         self._prepared: dict[str, Prepared] = {}
         # Lower bounds of the stored epochs (they only grow): commit skips raising what is high enough.
         self._epochs: dict[TopicPartition, int] = {}
-        self._cleanups: list[Future[None]] = []
+        # (epoch, ETag or None when absent) of epoch objects as the last fence saw them: the first
+        # compare-and-set of a raise starts from it instead of reading the object again.
+        self._fenced: dict[TopicPartition, tuple[int, str | None]] = {}
+        # .json keys of committed txns not deleted yet (see _tidy), oldest first, and when the first came.
+        self._committed: dict[str, None] = {}
+        self._committed_since = 0.0
+        self._cleanups: list[tuple[Future[None], list[str]]] = []  # background deletes and their keys
         self.timings = CycleTimings()
 
     def close(self) -> None:
+        self._tidy(force=True)
         self._small.shutdown(wait=True)  # background cleanups included
         self._reap_cleanups()
         self._data.shutdown(wait=True)
@@ -246,17 +259,17 @@ class MultipartTxns:
         are not MD5s, e.g. under SSE-KMS: correct, just one GET each).
         """
         wanted = {self.layout.epoch_key(r.tp): r for r in manifest.ranges}
-        etags = {o["Key"]: o.get("ETag", "").strip('"') for o in self.bucket.objects(self.layout.epochs_dir)
-                 if o["Key"] in wanted}
+        etags = {o["Key"]: o.get("ETag", "") for o in self.bucket.objects(self.layout.epochs_dir) if o["Key"] in wanted}
         for key, r in wanted.items():
             etag = etags.get(key)
             known = self._epochs.get(r.tp)
             if etag is None:
                 seen = -1
-            elif known is not None and etag == hashlib.md5(str(known).encode(), usedforsecurity=False).hexdigest():
+            elif known is not None and etag.strip('"') == hashlib.md5(str(known).encode(), usedforsecurity=False).hexdigest():
                 seen = known
             else:
-                seen, _ = self._stored_epoch(r.tp)
+                seen, etag = self._stored_epoch(r.tp)
+            self._fenced[r.tp] = (seen, etag)
             self._epochs[r.tp] = max(self._epochs.get(r.tp, -1), seen)
             if r.epoch < seen:
                 raise FencedError(f"epoch {r.epoch} for {r.tp} is older than {seen} already committed "
@@ -282,10 +295,26 @@ class MultipartTxns:
             return  # committed and cleaned up, aborted, or never prepared here: nothing to do
         self._complete_all(prepared)
         self._prepared.pop(txn_id, None)
-        self._reap_cleanups()
-        pkey = self.layout.pending_key(txn_id)
-        self._cleanups.append(self._small.submit(self.bucket.delete, [pkey]))
+        if not self._committed:
+            self._committed_since = time.monotonic()
+        self._committed[self.layout.pending_key(txn_id)] = None
+        self._tidy()
         self.timings.commit_ms = (time.perf_counter() - t0) * 1000
+
+    def _tidy(self, force: bool = False) -> None:
+        """Delete the ``.json`` of committed txns, several in one background DeleteObjects.
+
+        The ``.json`` of a committed txn only tidies up, so it need not go at once: every
+        :data:`CLEANUP_BATCH` commits (or :data:`CLEANUP_AGE_S`, or at close and recover) one
+        request deletes them all instead of one request per commit. Until then, or after a crash,
+        ``recover`` finds them complete and finishes them like any committed txn it finds.
+        """
+        self._reap_cleanups()
+        due = len(self._committed) >= CLEANUP_BATCH or time.monotonic() - self._committed_since >= CLEANUP_AGE_S
+        if self._committed and (force or due):
+            keys = list(self._committed)
+            self._cleanups.append((self._small.submit(self.bucket.delete, keys), keys))
+            self._committed = {}
 
     def _complete_all(self, prepared: Prepared) -> None:
         txn = prepared.manifest.txn_id
@@ -337,8 +366,10 @@ class MultipartTxns:
         if self._epochs.get(tp, -1) >= epoch:
             return
         key = self.layout.epoch_key(tp)
+        fenced = self._fenced.pop(tp, None)  # what this prepare's fence saw: a stale one only loses the CAS
         for _ in range(20):
-            seen, etag = self._stored_epoch(tp)
+            seen, etag = fenced or self._stored_epoch(tp)
+            fenced = None
             if seen >= epoch:
                 break
             cond = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
@@ -351,17 +382,21 @@ class MultipartTxns:
 
     def _reap_cleanups(self, block: bool = False) -> None:
         """Forget finished background cleanups (waiting for all with ``block``); a failed one is
-        logged: its txn is committed, and ``recover`` finishes the cleanup."""
+        logged and its keys go with the next one: its txns are committed, and ``recover``
+        finishes the cleanup of any an instance did not."""
         if block:
-            wait(self._cleanups)
-        still: list[Future[None]] = []
-        for f in self._cleanups:
+            wait([f for f, _ in self._cleanups])
+        still: list[tuple[Future[None], list[str]]] = []
+        for f, keys in self._cleanups:
             if not f.done():
-                still.append(f)
+                still.append((f, keys))
             elif f.exception() is not None:
                 structlog.get_logger("eosink.s3").warning(
                     "cleanup_failed", connector=self.layout.connector, bucket=self.bucket.name, error=str(f.exception()),
-                    note="the txn is committed; recover deletes its .json")
+                    note="the txns are committed; the next cleanup or recover deletes their .json")
+                if not self._committed:
+                    self._committed_since = time.monotonic()
+                self._committed.update(dict.fromkeys(keys))
         self._cleanups = still
 
     # -- abort / recover --------------------------------------------------------------------
@@ -376,6 +411,7 @@ class MultipartTxns:
         self.bucket.call("abort_multipart_upload", key, Key=key, UploadId=upload_id, none_on=MISSING)
 
     def recover(self) -> list[TxnManifest]:
+        self._tidy(force=True)
         self._reap_cleanups(block=True)  # not to race this instance's own background deletes
         found = [p for p in map(self._load_key, self._pending_keys()) if p is not None]
         open_uploads = {u["UploadId"]: u for u in self.bucket.uploads(self.layout.data_prefix)}

@@ -13,6 +13,7 @@ after the other within the commit (S3 cannot publish several keys at once). Read
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -137,14 +138,11 @@ class S3Sink(BatchingSink):
     # -- the two phases ---------------------------------------------------------------------
     def prepare_batch(self, manifest: TxnManifest, records: list[SinkRecord]) -> None:
         txns = self.txns
-        groups: dict[tuple[str, int], list[SinkRecord]] = {r.tp: [] for r in manifest.ranges}
-        for rec in records:
-            group = groups.get((rec.topic, rec.partition))  # TopicPartition hashes and compares as this tuple
-            if group is None:
-                raise FatalError(f"txn {manifest.txn_id}: record {rec.tp}@{rec.offset} is outside the manifest's "
-                                 "partitions", component=COMPONENT)
-            group.append(rec)
+        g0 = time.perf_counter()
+        groups = _by_partition(manifest, records)
+        group_ms = (time.perf_counter() - g0) * 1000
         txns.prepare(manifest, groups, ENCODERS[self.format], self.format)
+        txns.timings.group_ms = group_ms
 
     def commit(self, txn_id: str) -> None:
         self.txns.commit(txn_id)
@@ -156,3 +154,35 @@ class S3Sink(BatchingSink):
 
     def recover(self) -> list[TxnManifest]:
         return self.txns.recover()
+
+
+def _by_partition(manifest: TxnManifest, records: list[SinkRecord]) -> dict[tuple[str, int], list[SinkRecord]]:
+    """The batch's records per partition of the manifest (TopicPartition hashes and compares as the
+    tuple); a record of another partition is a FatalError naming it.
+
+    A loop of one dict lookup per record: the usual manifest has one topic, and then the lookup
+    is by the partition number alone (no tuple built and hashed per record: half the time).
+    """
+    topics = {r.topic for r in manifest.ranges}
+    if len(topics) == 1:
+        (topic,) = topics
+        by_p: dict[int, list[SinkRecord]] = {r.partition: [] for r in manifest.ranges}
+        get = by_p.get
+        for rec in records:
+            group = get(rec.partition)
+            if group is None or rec.topic != topic:
+                raise _outside(manifest, rec)
+            group.append(rec)
+        return {(topic, p): group for p, group in by_p.items()}
+    groups: dict[tuple[str, int], list[SinkRecord]] = {r.tp: [] for r in manifest.ranges}
+    for rec in records:
+        group = groups.get((rec.topic, rec.partition))
+        if group is None:
+            raise _outside(manifest, rec)
+        group.append(rec)
+    return groups
+
+
+def _outside(manifest: TxnManifest, rec: SinkRecord) -> FatalError:
+    return FatalError(f"txn {manifest.txn_id}: record {rec.tp}@{rec.offset} is outside the manifest's partitions",
+                      component=COMPONENT)
