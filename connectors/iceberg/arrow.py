@@ -321,30 +321,24 @@ def to_arrow(schema: Schema, records: Sequence[SinkRecord], values: Sequence[dic
     if topics is None:
         topics = {r.topic for r in records} if kafka else set()
     for f, af in zip(schema.fields, arrow_schema):
-        if kafka and f.name in KAFKA_NAMES:
-            arrays.append(kafka_column(f, af, records, topics))
-            continue
         # One column at a time with C-level map(dict.get): measured faster than comprehensions and
         # than an itemgetter + zip(*rows) transpose of the whole batch.
-        arrays.append(_convert(records, list(map(dict.get, values, repeat(f.name, n))), f, af.type))
+        if kafka and f.name == "__topic" and len(topics) == 1 and isinstance(f.field_type, StringType):
+            arrays.append(pa.repeat(pa.scalar(next(iter(topics)), af.type), n))
+            continue
+        if kafka and f.name == "__topic":
+            col: list[Any] = [r.topic for r in records]
+        elif kafka and f.name in ("__partition", "__offset") and isinstance(f.field_type, (IntegerType, LongType)):
+            # Ints the engine produced, not JSON: pyarrow's own range check is all they need.
+            arrays.append(pa.array([r.partition for r in records] if f.name == "__partition" else [r.offset for r in records],
+                                   type=af.type))
+            continue
+        elif kafka and f.name in ("__partition", "__offset"):
+            col = [getattr(r, f.name[2:]) for r in records]
+        else:
+            col = list(map(dict.get, values, repeat(f.name, n)))
+        arrays.append(_convert(records, col, f, af.type))
     return pa.Table.from_arrays(arrays, schema=arrow_schema)
-
-
-def kafka_column(f: NestedField, af: pa.Field, records: Sequence[SinkRecord], topics: set[str]) -> pa.Array:
-    """The ``__topic``, ``__partition`` or ``__offset`` column ``f`` (``af`` in Arrow) of ``records``.
-
-    ``topics``: the batch's topics (one topic is one repeated value, not a column built per record).
-    """
-    if f.name == "__topic" and len(topics) == 1 and isinstance(f.field_type, StringType):
-        return pa.repeat(pa.scalar(next(iter(topics)), af.type), len(records))
-    if f.name == "__topic":
-        col: list[Any] = [r.topic for r in records]
-    elif isinstance(f.field_type, (IntegerType, LongType)):
-        # Ints the engine produced, not JSON: pyarrow's own range check is all they need.
-        return pa.array([r.partition for r in records] if f.name == "__partition" else [r.offset for r in records], type=af.type)
-    else:
-        col = [getattr(r, f.name[2:]) for r in records]
-    return _convert(records, col, f, af.type)
 
 
 _MISSING = object()

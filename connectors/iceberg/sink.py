@@ -64,7 +64,6 @@ from eosink.connectors.api.errors import ConfigError, FatalError, RetryableError
 from eosink.connectors.api.records import SinkRecord, TxnManifest
 from eosink.connectors.api.sink import BatchingSink
 from eosink.connectors.iceberg import arrow as ia
-from eosink.connectors.iceberg import rawjson as rj
 from eosink.connectors.iceberg import txn as itx
 from eosink.connectors.iceberg.store import Markers, Storage, txn_key
 from eosink.connectors.iceberg.tables import Tables
@@ -102,8 +101,6 @@ class CycleTimings:
     append_ms: float = 0.0  # of which Iceberg's own snapshot commit (what a plain append pays too)
     rows: int = 0
     files: int = 0
-    #: Every table's columns were parsed from the records' JSON bytes (:mod:`eosink.connectors.iceberg.rawjson`).
-    raw_json: bool = False
 
 
 class IcebergSink(BatchingSink):
@@ -262,30 +259,16 @@ class IcebergSink(BatchingSink):
         key = txn_key(self.connector, txn)
         plan = []
         load_ms = convert_ms = 0.0
-        fast = True
         for ident in sorted(groups):
             recs, vals, topics = groups[ident]
-            l0 = time.perf_counter()
+            t1 = time.perf_counter()
+            table, complete = self.tables.ensure(ident, recs, vals)
             ranges = [r for r in manifest.ranges if r.topic in topics]
-            try:
-                table: Table | None = self.tables.load(ident)
-            except NoSuchTableError:
-                table = None
-            c0 = time.perf_counter()
-            # The raw bytes parsed against the table as it is: when that works, every field has a
-            # column of its type, so there is nothing to create or evolve and nothing to refuse.
-            arrow = rj.to_arrow(table.schema(), recs, self.kafka, topics) if table is not None else None
-            c1 = l1 = time.perf_counter()
-            complete = arrow is not None
-            if table is None or arrow is None:
-                table, complete = self.tables.ensure(ident, recs, vals, table)
             itx.check_fence(self.connector, table, ranges, txn)
-            l2 = time.perf_counter()
-            fast = fast and arrow is not None
-            if arrow is None:
-                arrow = ia.to_arrow(table.schema(), recs, vals, self.kafka, unknown_ok=complete, topics=topics)
-            convert_ms += (c1 - c0 + time.perf_counter() - l2) * 1000
-            load_ms += (c0 - l0 + l2 - l1) * 1000
+            t2 = time.perf_counter()
+            arrow = ia.to_arrow(table.schema(), recs, vals, self.kafka, unknown_ok=complete, topics=topics)
+            convert_ms += (time.perf_counter() - t2) * 1000
+            load_ms += (t2 - t1) * 1000
             data_path = load_location_provider(table.metadata.location, table.metadata.properties).data_path
             tt = TableTxn(ident, f"{data_path}/eosink-{key}", sorted({(r.topic, r.partition) for r in ranges}), loaded=table)
             plan.append((tt, arrow))
@@ -311,8 +294,7 @@ class IcebergSink(BatchingSink):
         self._staging.pop(txn, None)
         t5 = time.perf_counter()
         self.timings = CycleTimings(load_ms=load_ms, convert_ms=convert_ms, write_ms=(t4 - t3) * 1000, marker_ms=(t5 - t4) * 1000,
-                                    rows=len(records), files=sum(len(tt.files) for tt, _ in plan),
-                                    raw_json=fast and bool(plan))
+                                    rows=len(records), files=sum(len(tt.files) for tt, _ in plan))
         log.debug("prepared %s: %d rows in %d files (%.1f ms)", txn, len(records), self.timings.files, (t5 - t0) * 1000)
 
     def _write_files(self, tt: TableTxn, arrow: Any, txn: str) -> list[DataFile]:
