@@ -146,6 +146,17 @@ def infer_fields(records: Sequence[SinkRecord], values: Sequence[dict[str, Any]]
     return out
 
 
+def all_fields_have_columns(table: pa.Table, values: Sequence[dict[str, Any]], kafka: bool) -> bool:
+    """Whether every key of every value is a column of ``table``, the Arrow that :func:`to_arrow` made of them.
+
+    Cheap when no value holds an explicit null: a non-null cell of a value column is a key present in
+    its record, so as many non-null cells as keys in all the values leaves no key without a column
+    (one C-level ``len`` per value). Otherwise the keys are compared (:func:`field_names`).
+    """
+    cells = sum(len(c) - c.null_count for name, c in zip(table.column_names, table.columns) if not (kafka and name in KAFKA_NAMES))
+    return cells == sum(map(len, values)) or not field_names(values) - set(table.column_names)
+
+
 def new_schema(fields: Sequence[tuple[str, IcebergType]], kafka: bool) -> Schema:
     """A schema for ``auto.create``: the value fields (optional), then the Kafka coordinates (required)."""
     cols = [NestedField(i + 1, n, t, required=False) for i, (n, t) in enumerate(fields)]
