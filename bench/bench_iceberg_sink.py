@@ -12,8 +12,12 @@ each mode into its own fresh table of the same schema, SQL catalog in PostgreSQL
     and a commit that checks the txn id and appends in one snapshot with the fence state.
 (d) the sink with ``iceberg.fsync=false``, to show what durability of "prepared" costs locally.
 
-Record generation is outside every timing. Modes alternate for ``--rounds`` rounds and the best
-round of each counts (the machine is shared; every round is printed).
+Record generation is outside every timing. The modes take turns batch by batch for ``--rounds``
+rounds. The target (the sink at >= 70% of the ceiling) is judged on the median of per-batch ratios,
+each batch timed against the ceiling at the same moment (steadier on a shared machine than whole
+rounds, which are printed too). The budget line says where a missed target's time goes: at 70% a
+cycle may take ceiling / 0.7; the sink's Parquet write and snapshot commit are what the ceiling's
+append does, so what remains of that budget is all the conversion and the 2PC bookkeeping may take.
 
     python bench/bench_iceberg_sink.py [--records 1000000] [--batch 50000] [--warehouse file|s3]
 
@@ -236,6 +240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\npaired per batch (same batch, same moment): sink speed / ceiling speed, median {statistics.median(paired):.0%} "
           f"(p10 {statistics.quantiles(paired, n=10)[0]:.0%}, p90 {statistics.quantiles(paired, n=10)[-1]:.0%}); "
           f"CPU: {statistics.median(raw.cpu) / statistics.median(sink.cpu):.0%}")
+    b = len(parts)
+    rounds = [sum(raw.wall[k * b:(k + 1) * b]) / sum(sink.wall[k * b:(k + 1) * b]) for k in range(args.rounds)]
+    print(f"per round (sink speed / ceiling speed): {', '.join(f'{x:.0%}' for x in rounds)}; best round {max(rounds):.0%}")
 
     def med(rows: list[dict[str, float]], k: str) -> float:
         return statistics.median(c[k] for c in rows)
@@ -253,8 +260,16 @@ def main(argv: Sequence[str] | None = None) -> int:
               "commit; not the Parquet write or the snapshot commit a plain append pays too): "
               f"median {statistics.median(overhead):.1f} ms; "
               f"median cycle {statistics.median(m.wall) * 1000:.1f} ms vs raw append {statistics.median(raw.wall) * 1000:.1f} ms")
+    p = sink.phases
+    ceiling_ms, sink_ms = statistics.median(raw.wall) * 1000, statistics.median(sink.wall) * 1000
+    same = med(p, "write") + med(p, "append")  # what the ceiling's append does too
+    print(f"\nbudget at 70% of the ceiling: a cycle of at most {ceiling_ms / 0.7:.1f} ms; the sink's Parquet write and "
+          f"snapshot commit alone take {same:.1f} ms (the ceiling's whole append: {ceiling_ms:.1f} ms), leaving "
+          f"{ceiling_ms / 0.7 - same:.1f} ms for what only the sink does; it spends {med(p, 'convert'):.1f} ms on the checks and "
+          f"the dicts-to-Arrow conversion and {sink_ms - same - med(p, 'convert'):.1f} ms on the rest (table load, fence, "
+          "marker, txn-id check)")
     print()
-    targets = [(">= 50% of the raw append ceiling (paired median)", statistics.median(paired) >= 0.5)]
+    targets = [(">= 70% of the raw append ceiling (paired median)", statistics.median(paired) >= 0.7)]
     print("targets: " + "; ".join(f"{name}: {'met' if ok else 'MISSED'}" for name, ok in targets))
     return 0
 

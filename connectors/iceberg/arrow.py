@@ -83,6 +83,8 @@ _ALLOWED: dict[type, frozenset[type]] = {
 }
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
+#: The integers pyarrow converts into a float column (it refuses those a float cannot hold exactly).
+_EXACT: dict[type, tuple[int, int]] = {DoubleType: (-(2**53), 2**53), FloatType: (-(2**24), 2**24)}
 
 
 def _json_text(v: Any) -> Any:
@@ -142,6 +144,17 @@ def infer_fields(records: Sequence[SinkRecord], values: Sequence[dict[str, Any]]
                                   topic=r.topic, partition=r.partition, offset=r.offset, column=name, component=COMPONENT)
         out.append((name, expected))
     return out
+
+
+def all_fields_have_columns(table: pa.Table, values: Sequence[dict[str, Any]], kafka: bool) -> bool:
+    """Whether every key of every value is a column of ``table``, the Arrow that :func:`to_arrow` made of them.
+
+    Cheap when no value holds an explicit null: a non-null cell of a value column is a key present in
+    its record, so as many non-null cells as keys in all the values leaves no key without a column
+    (one C-level ``len`` per value). Otherwise the keys are compared (:func:`field_names`).
+    """
+    cells = sum(len(c) - c.null_count for name, c in zip(table.column_names, table.columns) if not (kafka and name in KAFKA_NAMES))
+    return cells == sum(map(len, values)) or not field_names(values) - set(table.column_names)
 
 
 def new_schema(fields: Sequence[tuple[str, IcebergType]], kafka: bool) -> Schema:
@@ -233,6 +246,17 @@ def _locate(records: Sequence[SinkRecord], col: list[Any], name: str, message: s
     raise AssertionError("no offending record found")  # pragma: no cover
 
 
+def _unencodable(x: Any) -> bool:
+    """A str UTF-8 cannot encode: JSON's escapes can spell a lone UTF-16 surrogate (``"\\ud800"``)."""
+    if type(x) is not str:
+        return False
+    try:
+        x.encode()
+        return False
+    except UnicodeEncodeError:
+        return True
+
+
 _STRICT = (StringType, BooleanType)  # pa.array refuses every other Python type for these: no pre-check needed
 
 
@@ -243,7 +267,7 @@ def _convert(records: Sequence[SinkRecord], col: list[Any], field: NestedField, 
         # array and raises for anything else, which then takes the checked path below.
         try:
             arr = pa.array(col, type=arrow_type)
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
+        except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeEncodeError):
             pass
         else:
             if field.required and arr.null_count:
@@ -261,8 +285,11 @@ def _convert(records: Sequence[SinkRecord], col: list[Any], field: NestedField, 
             col = [_json_text(x) for x in col]
         try:
             return pa.array(col, type=arrow_type)
+        except UnicodeEncodeError:
+            raise _locate(records, col, name, "{value} holds a lone UTF-16 surrogate, which has no UTF-8 encoding",
+                          _unencodable) from None
         except (pa.ArrowInvalid, OverflowError):  # ints beyond the column's range: pyarrow checks them
-            lo, hi = _INT32 if isinstance(ftype, IntegerType) else _INT64
+            lo, hi = _INT32 if isinstance(ftype, IntegerType) else _EXACT.get(type(ftype), _INT64)
             raise _locate(records, col, name, f"value {{value}} is out of range for column type {ftype}",
                           lambda x: type(x) is int and not lo <= x <= hi) from None
     # Other column types (a table created elsewhere): pyarrow converts; strings are parsed.

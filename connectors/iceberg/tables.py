@@ -89,12 +89,15 @@ class Tables:
         self.remember(ident, table)
         return table
 
-    def ensure(self, ident: str, recs: Sequence[SinkRecord], vals: Sequence[dict[str, Any]]) -> tuple[Table, bool]:
-        """Load ``ident``, creating or evolving it for the batch; True when every field has a column."""
-        try:
-            table = self.load(ident)
-        except NoSuchTableError:
-            table = self._create(ident, recs, vals)
+    def ensure(self, ident: str, recs: Sequence[SinkRecord], vals: Sequence[dict[str, Any]],
+               table: Table | None = None) -> tuple[Table, bool]:
+        """Load ``ident`` (unless ``table`` is it, just loaded), creating or evolving it for the batch; True
+        when every field has a column."""
+        if table is None:
+            try:
+                table = self.load(ident)
+            except NoSuchTableError:
+                table = self._create(ident, recs, vals)
         if not self.auto_evolve:
             return table, False
         for _ in range(self.attempts):
