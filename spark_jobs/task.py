@@ -68,6 +68,11 @@ COMMITTED_BY_EARLIER_ATTEMPT = "committed_by_earlier_attempt"  # same call, an e
 SKIPPED = "skipped"  # an earlier call with the same run id committed it
 NEW_IN_THIS_CALL = (PUBLISHED, COMMITTED_BY_EARLIER_ATTEMPT)
 
+#: ``produce``'s positional arguments are (topic, value, key, partition, on_delivery, callback, timestamp,
+#: headers); -1 is librdkafka's "let the partitioner choose" (what omitting ``partition`` means) and a
+#: timestamp of 0 means "now".
+_ANY_PARTITION = -1
+
 _FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 _UNREACHABLE_CODES = {KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN}
 
@@ -253,6 +258,16 @@ class PartitionPublisher:
         self._check_budget()
 
     def _produce(self, batch: pa.RecordBatch) -> None:
+        """Every row of ``batch`` into the open transaction: one ``produce()`` call per record.
+
+        This loop is the publisher's per-record Python cost, so it is kept to the minimum the
+        client allows: keys and values arrive as ``bytes`` (the projection casts keys to binary
+        in the JVM, so nothing is decoded here and re-encoded by the client), ``produce`` takes
+        positional arguments (parsing keywords costs ~0.15 us a call), and the only objects built
+        per row are the two-header list and the ``eosink.id`` string. confluent-kafka has no
+        batch call that takes headers (``produce_batch`` refuses them), and it copies the headers
+        of every call into librdkafka, so the list cannot be shared between rows.
+        """
         producer = self._producer
         assert producer is not None
         produce = producer.produce
@@ -272,7 +287,7 @@ class PartitionPublisher:
                 for key, value in zip(keys, values):
                     hdrs: Headers = [(ID_HEADER, prefix + str(seq)), (RUN_HEADER, run)]
                     try:
-                        produce(topic, value, key, headers=hdrs)
+                        produce(topic, value, key, _ANY_PARTITION, None, None, 0, hdrs)
                     except BufferError:
                         self._produce_when_room(topic, value, key, hdrs)
                     seq += 1
@@ -284,7 +299,7 @@ class PartitionPublisher:
                             continue
                         hdrs = [(ID_HEADER, prefix + str(seq)), (RUN_HEADER, run), *more]
                         try:
-                            produce(topic, values[i], keys[i], headers=hdrs)
+                            produce(topic, values[i], keys[i], _ANY_PARTITION, None, None, 0, hdrs)
                         except BufferError:
                             self._produce_when_room(topic, values[i], keys[i], hdrs)
                         seq += 1
@@ -295,7 +310,7 @@ class PartitionPublisher:
             self.seq = seq
         producer.poll(0)
 
-    def _produce_when_room(self, topic: str, value: Any, key: Any, hdrs: list[tuple[str, Any]]) -> None:
+    def _produce_when_room(self, topic: str, value: Any, key: Any, hdrs: Headers) -> None:
         """The local queue is full: serve delivery reports until there is room (back-pressure)."""
         assert self._producer is not None
         while True:
