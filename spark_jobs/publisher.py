@@ -49,6 +49,9 @@ DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
     "queue.buffering.max.kbytes": 512 * 1024,
     "partitioner": "murmur2_random",
     "compression.type": "lz4",
+    # Nothing reads per-record delivery reports (a failed delivery fails the transaction's commit):
+    # without this, each delivered record goes back to the task as a report to serve (~3% of its CPU).
+    "delivery.report.only.error": True,
 }
 
 
