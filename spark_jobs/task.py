@@ -320,7 +320,8 @@ class PartitionPublisher:
         producer.poll(0)
 
     def _produce_when_room(self, topic: str, value: Any, key: Any, hdrs: Headers) -> None:
-        """The local queue is full: serve delivery reports until there is room (back-pressure)."""
+        """The local queue is full: wait for deliveries, serving the client's callbacks, until there is room
+        (back-pressure; with reports only for failures, delivered records free their room themselves)."""
         assert self._producer is not None
         while True:
             self._producer.poll(0.05)
