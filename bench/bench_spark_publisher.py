@@ -187,10 +187,15 @@ class ProcessCPU:
         }
 
 
+#: Every timed ``publish_outbox`` result, for its per-step seconds.
+EOSINK_RESULTS: list = []
+
+
 def run_eosink(spark, df, bootstrap: str, topic: str) -> int:
     from eosink.spark_jobs import publish_outbox
 
     res = publish_outbox(df, topic, key="order_id", job="bench", run_id=uuid.uuid4().hex[:12], kafka=bootstrap)
+    EOSINK_RESULTS.append(res)
     return res.records
 
 
@@ -273,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, fn in PATHS.items():  # warm-up: Python workers, JIT, producer connections
             fn(spark, warm, bootstrap, f"{prefix}_{name}_{args.repeat}")
         meter = ProcessCPU(bootstrap)
+        EOSINK_RESULTS.clear()
         rates: dict[str, list[float]] = {name: [] for name in PATHS}
         cpu: dict[str, list[dict[str, float]]] = {name: [] for name in PATHS}
         for r in range(args.repeat):
@@ -327,12 +333,29 @@ def report(rates: dict[str, list[float]], cpu: dict[str, list[dict[str, float]]]
         f"librdkafka, and the broker {eo['broker']:.2f}: {total['eosink']:.2f} us/row, "
         f"{total['eosink'] / total['spark']:.2f}x Spark's sink's CPU per row."
     )
+    print_steps(EOSINK_RESULTS)
     plain_ok = best["eosink"] / best["plain"] >= 0.80
     spark_ratio = best["eosink"] / best["spark"]
     print("\ntargets (best runs): eosink >= 100% of Spark's sink: "
           + ("met" if spark_ratio >= 1.0 else f"NOT met ({spark_ratio:.0%}, {1 - spark_ratio:.0%} short; median "
                                              f"{median['eosink'] / median['spark']:.0%})")
           + f"; >= 80% of plain: {'met' if plain_ok else 'NOT met'} ({best['eosink'] / best['plain']:.0%})")
+
+
+def print_steps(results: list) -> None:
+    """Where a publish_outbox call's wall time goes: the driver's steps, and each task's (medians over rounds)."""
+    if not results:
+        return
+    from eosink.spark_jobs.task import STEPS
+
+    def med(values) -> float:
+        return statistics.median(values) if values else 0.0
+
+    driver = {k: med([r.steps.get(k, 0.0) for r in results]) for k in ("checks", "job", "finish")}
+    tasks = {k: med([p.steps.get(k, 0.0) for r in results for p in r.partitions]) for k in STEPS}
+    print(f"\neosink steps (s, medians): driver checks {driver['checks']:.2f}, Spark job {driver['job']:.2f}, "
+          f"run marker {driver['finish']:.2f}; per task ({len(results[0].partitions)} tasks, 2 at a time): "
+          + ", ".join(f"{k} {v:.2f}" for k, v in tasks.items()))
 
 
 if __name__ == "__main__":

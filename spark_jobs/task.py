@@ -86,10 +86,12 @@ SUMMARY_SCHEMA = pa.schema(
         ("topics", pa.string()),
         ("seconds", pa.float64()),
         ("transactional_id", pa.string()),
+        ("steps", pa.string()),
     ]
 )
 SUMMARY_DDL = (
-    "partition int, attempt int, status string, records long, topics string, seconds double, transactional_id string"
+    "partition int, attempt int, status string, records long, topics string, seconds double, transactional_id string, "
+    "steps string"
 )
 
 
@@ -128,6 +130,14 @@ class PartitionResult:
     topics: dict[str, int]
     seconds: float
     transactional_id: str
+    #: Seconds per step of the attempt (see :data:`STEPS`), for finding where a slow task's time went.
+    steps: dict[str, float] = field(default_factory=dict)
+
+
+#: ``open``: producer, init_transactions (fencing) and the ledger check; ``input``: waiting for Spark to
+#: hand over the rows (the JVM's encoding and the Arrow transfer); ``write``: the produce loop; ``commit``:
+#: ledger entry, flush and commit_transaction.
+STEPS = ("open", "input", "write", "commit")
 
 
 def _error(e: KafkaException, tid: str, bootstrap: str, during: str, settings: dict[str, Any] | None = None) -> Exception:
@@ -175,6 +185,10 @@ class PartitionPublisher:
         self.watch = kafka_checks.watch(spec.producer_config)
         #: Whether the ledger entry was produced in the open transaction (the topics it wrote, for errors).
         self._ledger_written = False
+        self.steps: dict[str, float] = {}
+
+    def _took(self, step: str, since: float) -> None:
+        self.steps[step] = self.steps.get(step, 0.0) + time.monotonic() - since
 
     def _fail(self, e: KafkaException, during: str) -> Exception:
         """The classified error of a failed call: a refused login / TLS handshake, an ACL refusal, or the call's.
@@ -210,6 +224,7 @@ class PartitionPublisher:
             # The driver saw it committed; committed is forever, no need to touch the coordinator.
             return LedgerEntry(spec.job, spec.run_id, self.partition, -1)
         self._hook("before_init")
+        began = time.monotonic()
         conf = {
             **spec.producer_config,
             "transactional.id": self.tid,
@@ -238,6 +253,7 @@ class PartitionPublisher:
             spec.ledger_timeout_s,
             pending=spec.pending.get(self.partition, ()),
         )
+        self._took("open", began)
         self._hook("after_check")
         return entry
 
@@ -252,10 +268,12 @@ class PartitionPublisher:
 
     def write(self, batch: pa.RecordBatch) -> None:
         """Produce one Arrow batch of projected columns into the open transaction."""
+        began = time.monotonic()
         if not self._in_txn:
             self._begin()
         if batch.num_rows:
             self._produce(batch)
+        self._took("write", began)
         self._check_budget()
 
     def _produce(self, batch: pa.RecordBatch) -> None:
@@ -343,6 +361,7 @@ class PartitionPublisher:
 
     def commit(self) -> PartitionResult:
         """Write the ledger entry last, flush, commit. Raises a classified error on failure."""
+        began = time.monotonic()
         if not self._in_txn:
             self._begin()  # an empty partition still records that it is done
         self._check_budget()
@@ -376,6 +395,7 @@ class PartitionPublisher:
             self._abort_quietly(err)
             raise err from None
         self._in_txn = False
+        self._took("commit", began)
         self._hook("after_commit")
         return PartitionResult(
             self.partition,
@@ -385,6 +405,7 @@ class PartitionPublisher:
             dict(self.counts),
             time.monotonic() - self._started_at,
             self.tid,
+            dict(self.steps),
         )
 
     def _commit_with_retries(self, tries: int = 5) -> None:
@@ -435,6 +456,7 @@ class PartitionPublisher:
             dict(entry.topics),
             time.monotonic() - self._started_at,
             self.tid,
+            dict(self.steps),
         )
 
 
@@ -446,7 +468,13 @@ def publish_partition(spec: TaskSpec, partition: int, attempt: int, batches: Ite
         if done is not None:
             return pub.skipped(done)
         first = True
-        for batch in batches:
+        rows = iter(batches)
+        while True:
+            waited = time.monotonic()
+            batch = next(rows, None)
+            pub._took("input", waited)
+            if batch is None:
+                break
             pub.write(batch)
             if first:
                 pub._hook("after_first_batch")
@@ -467,6 +495,7 @@ def summary_batch(result: PartitionResult) -> pa.RecordBatch:
                 "topics": json.dumps(result.topics, sort_keys=True),
                 "seconds": result.seconds,
                 "transactional_id": result.transactional_id,
+                "steps": json.dumps(result.steps),
             }
         ],
         schema=SUMMARY_SCHEMA,
