@@ -1,9 +1,9 @@
 """What goes to which outbox topic, and the DataFrame projection the tasks consume.
 
-The encoding work (key to string, row to JSON) is done by Spark's JVM (``to_json``) before the data
-reaches Python, and the Python side receives plain Arrow binary columns (keys as utf-8 bytes, values as
-JSON bytes) through ``mapInArrow``: per record it only calls ``Producer.produce``. That is the fast path; there is no per-row
-Python serialisation, no ``Row`` objects and no pickling.
+The encoding work (key to utf-8 bytes, row to JSON) is done by Spark's JVM (``to_json``) before the
+data reaches Python, and the Python side receives plain Arrow binary columns through ``mapInArrow``:
+per record it only calls ``Producer.produce``. That is the fast path; there is no per-row Python
+serialisation, no ``Row`` objects and no pickling.
 """
 
 from __future__ import annotations
