@@ -46,7 +46,6 @@ matters). Caching is sound: a decided record never changes its fate.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -55,6 +54,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from eosink.connectors.common.jsoncodec import decode, encode
 from eosink.spark_jobs.errors import COMPONENT, AuthorizationError, LedgerError
 from eosink.spark_jobs.kafka_checks import client_config, watch
 from eosink.spark_jobs.naming import RUN_MARKER, run_prefix
@@ -79,7 +79,7 @@ class LedgerEntry:
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> LedgerEntry:
-        d = json.loads(raw)
+        d = decode(raw)
         return cls(
             job=d["job"],
             run_id=d["run_id"],
@@ -94,10 +94,10 @@ class LedgerEntry:
 def entry_value(
     job: str, run_id: str, partition: int | None, records: int, topics: Mapping[str, int], **extra: Any
 ) -> bytes:
-    """The JSON value of a ledger record (the team's fields first, then ours)."""
+    """The JSON value of a ledger record (the team's fields first, then ours), in the project's native codec."""
     doc = {"job": job, "run_id": run_id, "partition": partition, "records": records, "topics": dict(topics)}
     doc.update(extra)
-    return json.dumps(doc, separators=(",", ":")).encode()
+    return encode(doc)
 
 
 class LedgerReader:

@@ -1,9 +1,9 @@
 """What goes to which outbox topic, and the DataFrame projection the tasks consume.
 
-The encoding work (key to string, row to JSON) is done by Spark's JVM (``to_json``) before the data
-reaches Python, and the Python side receives plain Arrow columns through ``mapInArrow``: per record
-it only calls ``Producer.produce``. That is the fast path; there is no per-row
-Python serialisation, no ``Row`` objects and no pickling.
+The encoding work (key to utf-8 bytes, row to JSON) is done by Spark's JVM (``to_json``) before the
+data reaches Python, and the Python side receives plain Arrow binary columns through ``mapInArrow``:
+per record it only calls ``Producer.produce``. That is the fast path; there is no per-row Python
+serialisation, no ``Row`` objects and no pickling.
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def project(df: DataFrame, outboxes: Sequence[Outbox], default_key: str | None) 
         if key is None:
             raise MissingColumnError("(none given)", list(df.columns), role="key")
         _require(df, key, "key")
-        exprs.append(df[key].cast("string").alias(f"__eo_k{i}"))
+        # utf-8 bytes made in the JVM: the task hands them to the client as they are
+        exprs.append(df[key].cast("string").cast("binary").alias(f"__eo_k{i}"))
         exprs.append(_value_expr(df, ob.value).alias(f"__eo_v{i}"))
         if ob.when is not None:
             _require(df, ob.when, "when")

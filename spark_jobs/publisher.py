@@ -49,6 +49,9 @@ DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
     "queue.buffering.max.kbytes": 512 * 1024,
     "partitioner": "murmur2_random",
     "compression.type": "lz4",
+    # Nothing reads per-record delivery reports (a failed delivery fails the transaction's commit):
+    # without this, each delivered record goes back to the task as a report to serve (~3% of its CPU).
+    "delivery.report.only.error": True,
 }
 
 
@@ -70,6 +73,9 @@ class PublishResult:
     run_records: int
     seconds: float
     partitions: list[PartitionResult] = field(default_factory=list)
+    #: Driver-side seconds: ``checks`` (input, broker and ledger checks before the Spark job), ``job`` (the
+    #: Spark job: every task, see ``partitions[i].steps``), ``finish`` (the run marker).
+    steps: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -143,7 +149,7 @@ def publish_outbox(
         log.info("run %s/%s is already complete in the ledger; publishing nothing", job, run_id)
         return PublishResult(
             job, run_id, "already_published", 0, state.marker.num_partitions or len(state.entries), 0, {},
-            state.marker.records, time.monotonic() - started,
+            state.marker.records, time.monotonic() - started, steps={"checks": time.monotonic() - started},
         )
     _check_partitioning(job, run_id, state, partitions)
 
@@ -163,6 +169,7 @@ def publish_outbox(
         call_id=uuid.uuid4().hex,
         extra_headers=tuple((k, v.encode() if isinstance(v, str) else bytes(v)) for k, v in (headers or {}).items()),
     )
+    job_started = time.monotonic()
     try:
         rows = map_in_arrow(projected, make_task_function(spec), SUMMARY_DDL).collect()
     except Exception as e:  # noqa: BLE001 - re-raised as a classified error, the task's own if it was ours
@@ -177,9 +184,11 @@ def publish_outbox(
         original.args = (original.message,)
         raise original from e
     results = [
-        PartitionResult(r.partition, r.attempt, r.status, r.records, json.loads(r.topics), r.seconds, r.transactional_id)
+        PartitionResult(r.partition, r.attempt, r.status, r.records, json.loads(r.topics), r.seconds, r.transactional_id,
+                        json.loads(r.steps))
         for r in rows
     ]
+    job_ended = time.monotonic()
     results.sort(key=lambda r: r.partition)
     n = len(results)
     stale = sorted(p for p in state.entries if p >= n)
@@ -198,9 +207,11 @@ def publish_outbox(
             run_records += max(r.records, 0)
             run_topic_maps.append(r.topics)
     _write_run_marker(conf, ledger_topic, job, run_id, n, run_records, _sum_topics(run_topic_maps))
+    ended = time.monotonic()
     return PublishResult(
         job, run_id, "published", len(published), n - len(published), sum(r.records for r in published), topics,
-        run_records, time.monotonic() - started, results,
+        run_records, ended - started, results,
+        {"checks": job_started - started, "job": job_ended - job_started, "finish": ended - job_ended},
     )
 
 

@@ -30,6 +30,7 @@ deterministic (Spark's own retry contract). The exactly-once guarantee above doe
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -68,6 +69,11 @@ COMMITTED_BY_EARLIER_ATTEMPT = "committed_by_earlier_attempt"  # same call, an e
 SKIPPED = "skipped"  # an earlier call with the same run id committed it
 NEW_IN_THIS_CALL = (PUBLISHED, COMMITTED_BY_EARLIER_ATTEMPT)
 
+#: ``produce``'s positional arguments are (topic, value, key, partition, on_delivery, callback, timestamp,
+#: headers); -1 is librdkafka's "let the partitioner choose" (what omitting ``partition`` means) and a
+#: timestamp of 0 means "now".
+_ANY_PARTITION = -1
+
 _FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 _UNREACHABLE_CODES = {KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN}
 
@@ -80,10 +86,12 @@ SUMMARY_SCHEMA = pa.schema(
         ("topics", pa.string()),
         ("seconds", pa.float64()),
         ("transactional_id", pa.string()),
+        ("steps", pa.string()),
     ]
 )
 SUMMARY_DDL = (
-    "partition int, attempt int, status string, records long, topics string, seconds double, transactional_id string"
+    "partition int, attempt int, status string, records long, topics string, seconds double, transactional_id string, "
+    "steps string"
 )
 
 
@@ -122,6 +130,14 @@ class PartitionResult:
     topics: dict[str, int]
     seconds: float
     transactional_id: str
+    #: Seconds per step of the attempt (see :data:`STEPS`), for finding where a slow task's time went.
+    steps: dict[str, float] = field(default_factory=dict)
+
+
+#: ``open``: producer, init_transactions (fencing) and the ledger check; ``input``: waiting for Spark to
+#: hand over the rows (the JVM's encoding and the Arrow transfer); ``write``: the produce loop; ``commit``:
+#: ledger entry, flush and commit_transaction.
+STEPS = ("open", "input", "write", "commit")
 
 
 def _error(e: KafkaException, tid: str, bootstrap: str, during: str, settings: dict[str, Any] | None = None) -> Exception:
@@ -169,6 +185,10 @@ class PartitionPublisher:
         self.watch = kafka_checks.watch(spec.producer_config)
         #: Whether the ledger entry was produced in the open transaction (the topics it wrote, for errors).
         self._ledger_written = False
+        self.steps: dict[str, float] = {}
+
+    def _took(self, step: str, since: float) -> None:
+        self.steps[step] = self.steps.get(step, 0.0) + time.monotonic() - since
 
     def _fail(self, e: KafkaException, during: str) -> Exception:
         """The classified error of a failed call: a refused login / TLS handshake, an ACL refusal, or the call's.
@@ -204,6 +224,7 @@ class PartitionPublisher:
             # The driver saw it committed; committed is forever, no need to touch the coordinator.
             return LedgerEntry(spec.job, spec.run_id, self.partition, -1)
         self._hook("before_init")
+        began = time.monotonic()
         conf = {
             **spec.producer_config,
             "transactional.id": self.tid,
@@ -232,6 +253,7 @@ class PartitionPublisher:
             spec.ledger_timeout_s,
             pending=spec.pending.get(self.partition, ()),
         )
+        self._took("open", began)
         self._hook("after_check")
         return entry
 
@@ -246,17 +268,33 @@ class PartitionPublisher:
 
     def write(self, batch: pa.RecordBatch) -> None:
         """Produce one Arrow batch of projected columns into the open transaction."""
+        began = time.monotonic()
         if not self._in_txn:
             self._begin()
         if batch.num_rows:
             self._produce(batch)
+        self._took("write", began)
         self._check_budget()
 
     def _produce(self, batch: pa.RecordBatch) -> None:
+        """Every row of ``batch`` into the open transaction: one ``produce()`` call per record.
+
+        This loop is the publisher's per-record Python cost, so it is kept to the minimum the
+        client allows: keys and values arrive as ``bytes`` (the projection casts keys to binary
+        in the JVM, so nothing is decoded here and re-encoded by the client), ``produce`` takes
+        positional arguments (parsing keywords costs ~0.15 us a call), and the only objects built
+        per row are the header list, the ``eosink.id`` tuple and its string. confluent-kafka has no
+        batch call that takes headers (``produce_batch`` refuses them), and it copies the headers
+        of every call into librdkafka, so the list cannot be shared between rows. The cyclic
+        garbage collector is paused for the loop: those containers die at once and never form
+        cycles, yet they would trigger a collection every few hundred rows (~4% of the task's CPU
+        in a profile), each walking every young object of the worker.
+        """
         producer = self._producer
         assert producer is not None
         produce = producer.produce
         prefix, run, extra = self._prefix, self._run, self.spec.extra_headers
+        run_header = (RUN_HEADER, run)
         seq = self.seq
         cols = batch.columns
         plan = []
@@ -265,14 +303,16 @@ class PartitionPublisher:
             plan.append(
                 (ob.topic, cols[ob.key_col].to_pylist(), cols[ob.value_col].to_pylist(), whens, extra + ob.headers)
             )
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             if len(plan) == 1 and plan[0][3] is None and not plan[0][4]:
                 # The common case, kept tight: one topic, every row, only the two eosink headers.
                 topic, keys, values, _, _ = plan[0]
                 for key, value in zip(keys, values):
-                    hdrs: Headers = [(ID_HEADER, prefix + str(seq)), (RUN_HEADER, run)]
+                    hdrs: Headers = [(ID_HEADER, prefix + str(seq)), run_header]
                     try:
-                        produce(topic, value, key, headers=hdrs)
+                        produce(topic, value, key, _ANY_PARTITION, None, None, 0, hdrs)
                     except BufferError:
                         self._produce_when_room(topic, value, key, hdrs)
                     seq += 1
@@ -282,9 +322,9 @@ class PartitionPublisher:
                     for topic, keys, values, whens, more in plan:
                         if whens is not None and not whens[i]:
                             continue
-                        hdrs = [(ID_HEADER, prefix + str(seq)), (RUN_HEADER, run), *more]
+                        hdrs = [(ID_HEADER, prefix + str(seq)), run_header, *more]
                         try:
-                            produce(topic, values[i], keys[i], headers=hdrs)
+                            produce(topic, values[i], keys[i], _ANY_PARTITION, None, None, 0, hdrs)
                         except BufferError:
                             self._produce_when_room(topic, values[i], keys[i], hdrs)
                         seq += 1
@@ -293,10 +333,13 @@ class PartitionPublisher:
             raise self._fail(e, "produce") from None
         finally:
             self.seq = seq
+            if collecting:
+                gc.enable()
         producer.poll(0)
 
-    def _produce_when_room(self, topic: str, value: Any, key: Any, hdrs: list[tuple[str, Any]]) -> None:
-        """The local queue is full: serve delivery reports until there is room (back-pressure)."""
+    def _produce_when_room(self, topic: str, value: Any, key: Any, hdrs: Headers) -> None:
+        """The local queue is full: wait for deliveries, serving the client's callbacks, until there is room
+        (back-pressure; with reports only for failures, delivered records free their room themselves)."""
         assert self._producer is not None
         while True:
             self._producer.poll(0.05)
@@ -318,6 +361,7 @@ class PartitionPublisher:
 
     def commit(self) -> PartitionResult:
         """Write the ledger entry last, flush, commit. Raises a classified error on failure."""
+        began = time.monotonic()
         if not self._in_txn:
             self._begin()  # an empty partition still records that it is done
         self._check_budget()
@@ -351,6 +395,7 @@ class PartitionPublisher:
             self._abort_quietly(err)
             raise err from None
         self._in_txn = False
+        self._took("commit", began)
         self._hook("after_commit")
         return PartitionResult(
             self.partition,
@@ -360,6 +405,7 @@ class PartitionPublisher:
             dict(self.counts),
             time.monotonic() - self._started_at,
             self.tid,
+            dict(self.steps),
         )
 
     def _commit_with_retries(self, tries: int = 5) -> None:
@@ -410,6 +456,7 @@ class PartitionPublisher:
             dict(entry.topics),
             time.monotonic() - self._started_at,
             self.tid,
+            dict(self.steps),
         )
 
 
@@ -421,7 +468,13 @@ def publish_partition(spec: TaskSpec, partition: int, attempt: int, batches: Ite
         if done is not None:
             return pub.skipped(done)
         first = True
-        for batch in batches:
+        rows = iter(batches)
+        while True:
+            waited = time.monotonic()
+            batch = next(rows, None)
+            pub._took("input", waited)
+            if batch is None:
+                break
             pub.write(batch)
             if first:
                 pub._hook("after_first_batch")
@@ -442,6 +495,7 @@ def summary_batch(result: PartitionResult) -> pa.RecordBatch:
                 "topics": json.dumps(result.topics, sort_keys=True),
                 "seconds": result.seconds,
                 "transactional_id": result.transactional_id,
+                "steps": json.dumps(result.steps),
             }
         ],
         schema=SUMMARY_SCHEMA,

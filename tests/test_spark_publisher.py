@@ -89,6 +89,15 @@ def test_every_row_once_with_stable_ids_two_outboxes_one_transaction(spark, stac
     assert entries["1"]["topics"] == {rows_topic: 100, events_topic: 50}
     assert entries["run"]["num_partitions"] == 4 and entries["run"]["records"] == N + N // 2
 
+    from eosink.spark_jobs.task import STEPS
+
+    # Where the time went: the driver's steps and every task's add up to no more than their totals.
+    assert set(res.steps) == {"checks", "job", "finish"} and min(res.steps.values()) >= 0
+    assert sum(res.steps.values()) <= res.seconds + 1e-3
+    for p in res.partitions:
+        assert set(p.steps) == set(STEPS) and min(p.steps.values()) >= 0, p
+        assert p.steps["write"] > 0 and sum(p.steps.values()) <= p.seconds + 1e-3, p
+
 
 # -- failures and retries --------------------------------------------------------------------
 
@@ -206,13 +215,36 @@ def test_zombie_attempt_is_fenced_by_a_newer_attempt(stack, make_topic, unique):
     assert f"eosink-{unique}-r1-0" in str(fenced.value)
     a.close()
     b.write(_batch(0, 100))
-    assert b.commit().records == 100
+    done = b.commit()
+    assert done.records == 100 and set(done.steps) == {"open", "write", "commit"}
     c = PartitionPublisher(spec, 0, attempt=2)
     assert c.open() is not None, "a later attempt finds the partition in the ledger"
     c.close()
     recs = read_topic(stack.kafka_bootstrap, topic)
     assert_exactly_once(recs, keys(0, 100))
     assert len(read_topic(stack.kafka_bootstrap, topic, isolation="read_uncommitted")) >= 100
+
+
+def test_produce_loop_gives_the_garbage_collector_back_when_it_fails(stack, make_topic, unique):
+    """The loop pauses the cyclic collector; a failing produce() must not leave the worker without it."""
+    import gc
+
+    from eosink.spark_jobs.task import PartitionPublisher
+
+    class Refusing:
+        def produce(self, *args, **kwargs):
+            raise RuntimeError("refused")
+
+        def poll(self, timeout):
+            return 0
+
+    pub = PartitionPublisher(_spec(stack, unique, make_topic(1)), 0, attempt=0)
+    pub._producer, pub._in_txn, pub._began_at = Refusing(), True, time.monotonic()  # type: ignore[assignment]
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError, match="refused"):
+        pub.write(_batch(0, 10))
+    assert gc.isenabled()
+    pub._in_txn, pub._producer = False, None
 
 
 def test_ledger_check_reads_to_the_log_end_not_the_last_stable_offset(stack, make_topic, unique):
