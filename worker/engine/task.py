@@ -290,7 +290,7 @@ class SinkTask:
             # records arrive, for at most one interval): the new owner resumes promptly.
             resuming = time.monotonic() < self._resuming_until
             flush_s = min(s.commit_interval_s, 0.1) if resuming else s.commit_interval_s
-            batch = self.source.poll_batch(s.max_records, s.max_bytes, flush_s)
+            batch = self._poll(flush_s)
             metrics.CONSUMED.labels(self.connector).inc(len(batch.records) + len(batch.failed))
             if batch.records:
                 self._resuming_until = 0.0
@@ -323,6 +323,16 @@ class SinkTask:
                 self._position()  # rewind to the decision: the batch is read again, without the record
                 return CycleResult(CycleOutcome.ABORTED, txn_id, error=exc, redo=True)
             return self._abort_cycle(txn_id, exc)
+
+    def _poll(self, flush_s: float) -> Batch:
+        """The cycle's records. A source that can tell it has read everything available ends the
+        flush then, once the cycle is ``commit_min_interval_s`` old (not at once: a trickle would
+        make a transaction per record)."""
+        s = self.settings
+        if not getattr(self.source, "incremental", False):
+            return self.source.poll_batch(s.max_records, s.max_bytes, flush_s)
+        return self.source.poll_batch(s.max_records, s.max_bytes, flush_s,  # type: ignore[call-arg]
+                                      min_s=s.commit_min_interval_s)
 
     def _decide(self, txn_id: str, next_offsets: dict[TopicPartition, int]) -> CycleResult | None:
         """The single commit point. None when the txn is decided (the grants then hold the decision);
