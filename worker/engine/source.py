@@ -363,6 +363,7 @@ class KafkaSource:
         at_end = self._at_end
         nbytes = 0
         handed = 0  # records already given to on_chunk
+        polled = False
         while len(out) < max_records and nbytes < max_bytes and len(batch.failed) < MAX_FAILED_PER_BATCH:
             if on_chunk is not None and len(out) - handed >= CHUNK_RECORDS:
                 on_chunk(out[handed:])
@@ -375,12 +376,14 @@ class KafkaSource:
                 if remaining <= 0 or not self._assigned or self.interrupt.is_set():
                     break
                 if early is not None and self.caught_up():
-                    if now >= early:
+                    if now >= early and polled:
                         break  # everything available is read: commit it now
-                    remaining = min(remaining, early - now)
+                    # (At least one fetch first: "caught up" dates from the last poll, records may have come since.)
+                    remaining = min(remaining, max(early - now, 0.01))
                 # Short slices, so a stop or a new assignment ends the flush within ~0.1 s.
                 msgs = self.consumer.consume(num_messages=min(self.fetch_batch, max_records - len(out)),
                                              timeout=min(remaining, 0.1))
+                polled = True
                 if msgs and self.first_record_at is None:
                     self.first_record_at = time.monotonic()
                 elif not msgs:

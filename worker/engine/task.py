@@ -147,10 +147,23 @@ class SinkTask:
                 stop.wait(self._backoff.next())
             elif result.outcome is CycleOutcome.EMPTY and (
                     self.state is not TaskState.RUNNING or not self.active_partitions()):
-                stop.wait(min(0.5, self.settings.commit_interval_s))
+                self._idle(stop, wake, min(0.5, self.settings.commit_interval_s))
             elif self.state is TaskState.FAILED:
                 stop.wait(0.5)
         self.shutdown()
+
+    @staticmethod
+    def _idle(stop: threading.Event, wake: threading.Event | None, seconds: float) -> None:
+        """Nothing to do: wait ``seconds``, but not past a stop or a wake-up (:meth:`interrupt`: a new
+        assignment). The task thread starts before its first assignment arrives; sleeping through
+        it cost every new connector half a second before its first record."""
+        if wake is None:
+            stop.wait(seconds)
+            return
+        deadline = time.monotonic() + seconds
+        while not stop.is_set() and not wake.wait(min(0.05, deadline - time.monotonic())):
+            if time.monotonic() >= deadline:
+                return
 
     def request_assignment(self, partitions: Iterable[TopicPartition]) -> None:
         """Thread-safe: the task thread applies it right after the flush in progress, which it
