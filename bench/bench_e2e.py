@@ -142,6 +142,13 @@ def proc_status(pid: int) -> dict[str, int]:
     return out
 
 
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU time of the whole machine, every CPU, from /proc/stat (in clock ticks)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
 def http(method: str, url: str, body: Any = None, timeout: float = 10) -> tuple[int, str]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
@@ -251,7 +258,7 @@ def run_e2e(args: argparse.Namespace, ep: Any, topic: str, tag: str, logdir: Pat
         conn = psycopg.connect(ep.postgres_dsn, autocommit=True)
         count_sql = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))
         rss_samples: list[int] = []
-        cpu0 = cpu_of(proc.pid)
+        cpu0, machine0 = cpu_of(proc.pid), machine_jiffies()
         t0, posted_at = time.perf_counter(), time.time()
         status, body = http("POST", f"{base}/connectors", {"name": name, "config": config})
         if status != 201:
@@ -274,13 +281,15 @@ def run_e2e(args: argparse.Namespace, ep: Any, topic: str, tag: str, logdir: Pat
                 raise RuntimeError(f"only {seen:,} of {n:,} rows after {args.timeout:.0f}s (see {log_path})")
         seconds = time.perf_counter() - t0
         cpu = cpu_of(proc.pid) - cpu0
+        machine1 = machine_jiffies()
+        busy = (machine1[0] - machine0[0]) / max(1, machine1[1] - machine0[1])
         mem = proc_status(proc.pid)
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
         result.update(records=n, seconds=seconds, rate=n / seconds, cpu_s=cpu, first_row_s=first_row_s,
                       peak_rss_mb=mem["VmHWM"] / 1024, rss_max_sampled_mb=max(rss_samples) / 1024,
-                      load_after=os.getloadavg()[0], visible=visible)
+                      load_after=os.getloadavg()[0], machine_busy=busy, visible=visible)
         _, metrics_text = http("GET", f"{base}/metrics")
         result["steps"] = histograms(metrics_text, name)
         result["check"] = verify(conn, table, name, n)
@@ -358,7 +367,8 @@ def report(e2e: dict[str, Any], raw: dict[str, float] | None) -> None:
           + (f" = {e2e['rate'] / raw['rate']:.0%} of raw COPY" if raw else "")
           + f"; first rows visible at {e2e['first_row_s'] or 0:.2f}s")
     print(f"  worker: peak RSS {e2e['peak_rss_mb']:.0f} MB (VmHWM), CPU {e2e['cpu_s']:.1f}s "
-          f"({e2e['cpu_s'] / n * 1e6:.1f} us/record, {e2e['cpu_s'] / e2e['seconds']:.0%} of one core)")
+          f"({e2e['cpu_s'] / n * 1e6:.1f} us/record, {e2e['cpu_s'] / e2e['seconds']:.0%} of one core); "
+          f"the machine's {os.cpu_count()} CPUs were {e2e.get('machine_busy', 0):.0%} busy (every process)")
     if raw:
         print(f"raw binary COPY (pre-built rows, no Kafka): {raw['seconds']:.2f}s = {raw['rate']:,.0f} rows/s "
               f"(client CPU {raw['cpu_s']:.1f}s)")
