@@ -149,6 +149,20 @@ def machine_jiffies() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far per thread name of a process (threads of one name summed), from /proc."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue  # the thread ended
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def http(method: str, url: str, body: Any = None, timeout: float = 10) -> tuple[int, str]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
@@ -258,7 +272,7 @@ def run_e2e(args: argparse.Namespace, ep: Any, topic: str, tag: str, logdir: Pat
         conn = psycopg.connect(ep.postgres_dsn, autocommit=True)
         count_sql = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))
         rss_samples: list[int] = []
-        cpu0, machine0 = cpu_of(proc.pid), machine_jiffies()
+        cpu0, machine0, threads0 = cpu_of(proc.pid), machine_jiffies(), thread_cpu(proc.pid)
         t0, posted_at = time.perf_counter(), time.time()
         status, body = http("POST", f"{base}/connectors", {"name": name, "config": config})
         if status != 201:
@@ -282,6 +296,7 @@ def run_e2e(args: argparse.Namespace, ep: Any, topic: str, tag: str, logdir: Pat
         seconds = time.perf_counter() - t0
         cpu = cpu_of(proc.pid) - cpu0
         machine1 = machine_jiffies()
+        threads = {k: round(v - threads0.get(k, 0.0), 2) for k, v in thread_cpu(proc.pid).items()}
         busy = (machine1[0] - machine0[0]) / max(1, machine1[1] - machine0[1])
         mem = proc_status(proc.pid)
         if spy is not None:
@@ -289,7 +304,8 @@ def run_e2e(args: argparse.Namespace, ep: Any, topic: str, tag: str, logdir: Pat
             spy.wait(60)
         result.update(records=n, seconds=seconds, rate=n / seconds, cpu_s=cpu, first_row_s=first_row_s,
                       peak_rss_mb=mem["VmHWM"] / 1024, rss_max_sampled_mb=max(rss_samples) / 1024,
-                      load_after=os.getloadavg()[0], machine_busy=busy, visible=visible)
+                      load_after=os.getloadavg()[0], machine_busy=busy, visible=visible,
+                      thread_cpu_s=dict(sorted(threads.items(), key=lambda kv: -kv[1])[:6]))
         _, metrics_text = http("GET", f"{base}/metrics")
         result["steps"] = histograms(metrics_text, name)
         result["check"] = verify(conn, table, name, n)
@@ -369,6 +385,7 @@ def report(e2e: dict[str, Any], raw: dict[str, float] | None) -> None:
     print(f"  worker: peak RSS {e2e['peak_rss_mb']:.0f} MB (VmHWM), CPU {e2e['cpu_s']:.1f}s "
           f"({e2e['cpu_s'] / n * 1e6:.1f} us/record, {e2e['cpu_s'] / e2e['seconds']:.0%} of one core); "
           f"the machine's {os.cpu_count()} CPUs were {e2e.get('machine_busy', 0):.0%} busy (every process)")
+    print("  worker CPU by thread (s): " + ", ".join(f"{k} {v:.2f}" for k, v in e2e.get("thread_cpu_s", {}).items()))
     if raw:
         print(f"raw binary COPY (pre-built rows, no Kafka): {raw['seconds']:.2f}s = {raw['rate']:,.0f} rows/s "
               f"(client CPU {raw['cpu_s']:.1f}s)")
