@@ -325,6 +325,28 @@ def test_abort_while_streaming_discards_the_rows(make_sink: MakeSink, pg: PG, to
     assert [r[0] for r in rows(pg, table, "id")] == [0, 1]
 
 
+def test_streamed_rows_lost_with_their_connection_are_written_again_at_prepare(
+    make_sink: MakeSink, pg: PG, topic: str, table: str, unique: str
+) -> None:
+    """The server drops the open transaction with its connection: the prepare writes the batch on
+    a new one instead of preparing a transaction without its rows."""
+    sink = make_sink()
+    cycle(sink, f"{unique}.w1.1.1", records(topic, [order(0)]))
+    recs = records(topic, [order(i) for i in range(1, 11)], start=1)
+    txn = f"{unique}.w1.1.2"
+    m = manifest(txn, sink.connector, recs)
+    sink.begin_transaction(txn)
+    sink.write(recs[:5])
+    sink.write(recs[5:])
+    pid = scalar(pg, "SELECT l.pid FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+                     " WHERE c.relname = %s AND l.mode = 'RowExclusiveLock' AND l.pid <> pg_backend_pid()", table)
+    assert scalar(pg, "SELECT pg_terminate_backend(%s)", pid)
+    sink.pre_commit(m)
+    sink.commit(txn)
+    assert [r[0] for r in rows(pg, table, "id")] == list(range(11))
+    assert prepared_gids(pg, unique) == []
+
+
 def test_a_streamed_zombie_is_fenced_at_prepare(make_sink: MakeSink, pg: PG, topic: str, table: str, unique: str) -> None:
     owner, zombie = make_sink(), make_sink()
     cycle(owner, f"{unique}.w2.2.1", records(topic, [order(i) for i in range(3)]), epoch=2)

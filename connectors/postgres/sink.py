@@ -207,6 +207,9 @@ class PostgresSink(PostgresConnections, BatchingSink):
         is (another table or shape, a field the table lacks, a value of the wrong type, a row the
         server refuses, a lost connection) ends it; the transaction is rolled back and the prepare
         writes the whole batch itself - with the usual DDL, retries and errors naming the record.
+        While streaming, the open transaction holds the target table's ROW EXCLUSIVE lock for the
+        whole cycle, not only from the prepare: another worker's auto.evolve waits for it (at most
+        ``lock.timeout.ms``, then retries); this sink never runs DDL while its own stream is open.
         """
         super().write(records)
         if self._stream_off or not records:
@@ -243,14 +246,15 @@ class PostgresSink(PostgresConnections, BatchingSink):
         xid = self._xid(self._txn_id)
         conn = self._tcon()
         self._tx_state = "active"
-        closer = contextlib.ExitStack()
         try:
-            conn.tpc_begin(xid)
-            cur = closer.enter_context(conn.cursor())
-            cp = closer.enter_context(cur.copy(shape.copy_statement(self._tables[key].ident)))
-            cp.set_types(list(shape.types))
+            with contextlib.ExitStack() as opened:  # on a failure: the COPY failed, the cursor closed
+                conn.tpc_begin(xid)
+                cur = opened.enter_context(conn.cursor())
+                cp = opened.enter_context(cur.copy(shape.copy_statement(self._tables[key].ident)))
+                cp.set_types(list(shape.types))
+                closer = opened.pop_all()
         except BaseException:
-            closer.close()
+            self._rollback_tx()
             raise
         self._stream = _Stream(key, shape, closer, cp.write_row)
         return self._stream
@@ -370,6 +374,8 @@ class PostgresSink(PostgresConnections, BatchingSink):
 
     def _prepare_once(self, manifest: TxnManifest, xid: Xid, groups: Groups, streamed: bool = False) -> None:
         """Fence, write (unless ``streamed``: the open transaction holds the rows) and prepare."""
+        if streamed and (self._tx is None or self._tx.broken or self._tx.closed):
+            streamed = False  # the connection died with the streamed rows (the server rolled them back): write anew
         conn = self._tcon()
         t0 = time.perf_counter()
         self._tx_state = "active"
