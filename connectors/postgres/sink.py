@@ -68,7 +68,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -112,6 +112,8 @@ class _Stream:
     closer: contextlib.ExitStack
     write_row: Callable[[tuple[Any, ...]], None]
     rows: int = 0
+    #: The values the rows were built from, in order (the prepare's groups, without building them again).
+    values: list[Any] = field(default_factory=list)
 
 
 class _NotStreamed(Exception):
@@ -236,6 +238,7 @@ class PostgresSink(PostgresConnections, BatchingSink):
             raise _NotStreamed("records for another table")
         done = pgc.copy_rows(st.write_row, st.shape, recs, values, self.config["auto.evolve"])
         st.rows += done
+        st.values += values
         self._streamed += len(recs)
         if done != len(recs):
             raise _NotStreamed("records of another shape")
@@ -271,31 +274,32 @@ class PostgresSink(PostgresConnections, BatchingSink):
             pass
         self._rollback_tx()
 
-    def _finish_stream(self, groups: Groups, n: int) -> bool:
-        """End the open COPY; True when the open transaction now holds every row of the batch."""
+    def _finish_stream(self, records: list[SinkRecord]) -> Groups | None:
+        """End the open COPY. When the open transaction now holds every row of the batch, the
+        batch's groups (one table: every slice went there); else None, and nothing is open."""
         st, self._stream = self._stream, None
         if st is None:
-            return False
-        whole = not self._stream_off and self._streamed == n == st.rows and list(groups) == [st.key]
-        if not whole:
+            return None
+        if self._stream_off or not self._streamed == len(records) == st.rows == len(st.values):
             self._stream = st
             self._drop_stream()
-            return False
+            return None
         try:
             st.closer.close()
         except Exception as exc:  # noqa: BLE001 - e.g. a row the server refused: written again, and named, at prepare
             log.debug("txn %s: streamed rows refused (%s); writing the batch at prepare", self._txn_id, exc)
             self._rollback_tx()
-            return False
-        return True
+            return None
+        return {st.key: (records, st.values)}
 
     # -- prepare ----------------------------------------------------------------------------
     def prepare_batch(self, manifest: TxnManifest, records: list[SinkRecord]) -> None:
         txn = manifest.txn_id
         xid = self._xid(txn)
         t0 = time.perf_counter()
-        groups = self._tables.group(records)
-        in_tx = self._finish_stream(groups, len(records))  # the rows are in the open transaction already
+        held = self._finish_stream(records)  # the rows are in the open transaction already
+        in_tx = held is not None
+        groups = held if held is not None else self._tables.group(records)
         if not in_tx:
             for key, (recs, values) in groups.items():
                 self._tables.ensure(key, recs, values)
