@@ -4,8 +4,13 @@ What a user sees: a topic of ``--partitions`` partitions pre-filled transactiona
 ~210-byte JSON orders (``bench._data.order``), one real worker process (``eosink worker``, as
 deployed, against the local stack, a cluster name of its own), and a ``postgres`` connector
 (insert mode, auto.create) registered through the REST API. The clock starts at the POST and stops
-when ``SELECT count(*)`` (polled every ``--poll-s``) sees every row: assignment, recovery, the
-consumer's start, every cycle and the last cycle's wait for records that never come are all in it.
+when every row is visible: assignment, recovery, the consumer's start and every cycle are all in it.
+``--poll-by offsets`` (the default) watches the connector's rows in ``eosink_offsets``, polled
+every ``--poll-s``: the sink writes them in the same prepared transaction as the rows, so they
+become visible with them, at the same COMMIT PREPARED; the run is over when each partition's
+next offset is past its last record, and ``SELECT count(*)`` then confirms every row. ``--poll-by
+count`` polls ``SELECT count(*)`` instead, as earlier runs did: a scan of the growing table
+(~0.1 s of PostgreSQL CPU at 1M rows) several times a second, on the cores the run shares.
 
 Also reported: the worker's peak RSS (VmHWM from /proc) and CPU time (user + system, every thread)
 from the POST to the last row; the per-step histograms of its /metrics (``eosink_cycle_step_seconds``,
@@ -142,6 +147,27 @@ def proc_status(pid: int) -> dict[str, int]:
     return out
 
 
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU time of the whole machine, every CPU, from /proc/stat (in clock ticks)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far per thread name of a process (threads of one name summed), from /proc."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue  # the thread ended
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def http(method: str, url: str, body: Any = None, timeout: float = 10) -> tuple[int, str]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
@@ -248,10 +274,14 @@ def run_e2e(args: argparse.Namespace, ep: Any, topic: str, tag: str, logdir: Pat
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             time.sleep(1.0)  # py-spy attached before the clock starts
         result["load_before"] = wait_load(args.wait_load)
+        marks = watermarks(ep.kafka_bootstrap, topic, args.partitions)
+        if not marks:
+            raise RuntimeError(f"cannot read the watermarks of {topic}")
+        ends = [high - 1 for _, high in marks]
         conn = psycopg.connect(ep.postgres_dsn, autocommit=True)
         count_sql = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))
         rss_samples: list[int] = []
-        cpu0 = cpu_of(proc.pid)
+        cpu0, machine0, threads0 = cpu_of(proc.pid), machine_jiffies(), thread_cpu(proc.pid)
         t0, posted_at = time.perf_counter(), time.time()
         status, body = http("POST", f"{base}/connectors", {"name": name, "config": config})
         if status != 201:
@@ -263,7 +293,8 @@ def run_e2e(args: argparse.Namespace, ep: Any, topic: str, tag: str, logdir: Pat
                 raise RuntimeError(f"worker exited with {proc.returncode} (see {log_path})")
             rss_samples.append(proc_status(proc.pid)["VmRSS"])
             try:
-                seen = int(conn.execute(count_sql).fetchone()[0])  # type: ignore[index]
+                seen = int(conn.execute(count_sql).fetchone()[0]) if args.poll_by == "count" \
+                    else delivered(conn, name, topic, ends, n)
             except psycopg.errors.UndefinedTable:
                 continue
             now = time.perf_counter() - t0
@@ -274,13 +305,17 @@ def run_e2e(args: argparse.Namespace, ep: Any, topic: str, tag: str, logdir: Pat
                 raise RuntimeError(f"only {seen:,} of {n:,} rows after {args.timeout:.0f}s (see {log_path})")
         seconds = time.perf_counter() - t0
         cpu = cpu_of(proc.pid) - cpu0
+        machine1 = machine_jiffies()
+        threads = {k: round(v - threads0.get(k, 0.0), 2) for k, v in thread_cpu(proc.pid).items()}
+        busy = (machine1[0] - machine0[0]) / max(1, machine1[1] - machine0[1])
         mem = proc_status(proc.pid)
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
         result.update(records=n, seconds=seconds, rate=n / seconds, cpu_s=cpu, first_row_s=first_row_s,
                       peak_rss_mb=mem["VmHWM"] / 1024, rss_max_sampled_mb=max(rss_samples) / 1024,
-                      load_after=os.getloadavg()[0], visible=visible)
+                      load_after=os.getloadavg()[0], machine_busy=busy, visible=visible,
+                      thread_cpu_s=dict(sorted(threads.items(), key=lambda kv: -kv[1])[:6]))
         _, metrics_text = http("GET", f"{base}/metrics")
         result["steps"] = histograms(metrics_text, name)
         result["check"] = verify(conn, table, name, n)
@@ -307,6 +342,17 @@ def run_e2e(args: argparse.Namespace, ep: Any, topic: str, tag: str, logdir: Pat
         drop_cluster(ep.zookeeper_hosts, cluster)
     result["log"] = str(log_path)
     return result
+
+
+def delivered(conn: psycopg.Connection[Any], connector: str, topic: str, ends: list[int], n: int) -> int:
+    """Rows visible by the connector's committed offsets: ``n`` once every partition's next offset
+    reached ``ends`` (its last record + 1: the topic ends with a commit marker), else the records
+    before those offsets (an estimate: the offsets count the producer's commit markers too)."""
+    got = dict(conn.execute("SELECT partition, next_offset FROM eosink_offsets WHERE connector = %s AND topic = %s",
+                            (connector, topic)).fetchall())
+    if all(got.get(p, 0) >= end for p, end in enumerate(ends)):
+        return n  # verify() counts the rows themselves afterwards
+    return min(n - 1, sum(got.values()))
 
 
 def _ready(base: str) -> bool:
@@ -358,7 +404,9 @@ def report(e2e: dict[str, Any], raw: dict[str, float] | None) -> None:
           + (f" = {e2e['rate'] / raw['rate']:.0%} of raw COPY" if raw else "")
           + f"; first rows visible at {e2e['first_row_s'] or 0:.2f}s")
     print(f"  worker: peak RSS {e2e['peak_rss_mb']:.0f} MB (VmHWM), CPU {e2e['cpu_s']:.1f}s "
-          f"({e2e['cpu_s'] / n * 1e6:.1f} us/record, {e2e['cpu_s'] / e2e['seconds']:.0%} of one core)")
+          f"({e2e['cpu_s'] / n * 1e6:.1f} us/record, {e2e['cpu_s'] / e2e['seconds']:.0%} of one core); "
+          f"the machine's {os.cpu_count()} CPUs were {e2e.get('machine_busy', 0):.0%} busy (every process)")
+    print("  worker CPU by thread (s): " + ", ".join(f"{k} {v:.2f}" for k, v in e2e.get("thread_cpu_s", {}).items()))
     if raw:
         print(f"raw binary COPY (pre-built rows, no Kafka): {raw['seconds']:.2f}s = {raw['rate']:,.0f} rows/s "
               f"(client CPU {raw['cpu_s']:.1f}s)")
@@ -396,7 +444,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="a librdkafka consumer property, as consumer.override.KEY (repeatable)")
     ap.add_argument("--skip-copy", action="store_true", help="skip the raw COPY baseline")
     ap.add_argument("--py-spy", default=None, metavar="OUT", help="py-spy record the worker (.svg, .json, raw)")
-    ap.add_argument("--poll-s", type=float, default=0.25, help="how often SELECT count(*) looks")
+    ap.add_argument("--poll-s", type=float, default=None, help="how often the rows are looked for (default 0.05 s "
+                    "by offsets, 0.25 s by count)")
+    ap.add_argument("--poll-by", choices=("offsets", "count"), default="offsets",
+                    help="offsets: the connector's committed offsets (same transaction as the rows); count: count(*)")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--wait-load", type=float, default=2.5, help="wait for the 1-minute load to drop below this")
     ap.add_argument("--log-level", default="INFO")
@@ -404,6 +455,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the table and the bookkeeping rows")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
+    if args.poll_s is None:
+        args.poll_s = 0.05 if args.poll_by == "offsets" else 0.25
     ep = load_endpoints()
     tag = uuid.uuid4().hex[:6]
     topic = args.topic or f"bench-e2e-{args.records}-p{args.partitions}"
@@ -418,7 +471,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report(e2e, raw)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     runs = json.loads(args.out.read_text()) if args.out.exists() else []
-    runs.append({"label": args.label, "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "topic": topic,
+    runs.append({"label": args.label, "poll_by": args.poll_by, "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "topic": topic,
                  "partitions": args.partitions, "e2e": e2e, "raw_copy": raw,
                  "ratio_to_raw_copy": e2e["rate"] / raw["rate"] if raw else None})
     args.out.write_text(json.dumps(runs, indent=1))

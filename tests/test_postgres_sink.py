@@ -254,6 +254,107 @@ def test_second_postgres_sink_of_a_connector_in_another_database_of_the_server_i
         pg.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(other_db)))
 
 
+# -- rows streamed into the open transaction ---------------------------------------------------
+def prepare_in_slices(sink: PostgresSink, txn: str, recs: Sequence[SinkRecord], size: int, epoch: int = 1) -> TxnManifest:
+    """What a cycle does when the engine hands the sinks its batch while still reading it."""
+    m = manifest(txn, sink.connector, recs, epoch)
+    sink.begin_transaction(txn)
+    for i in range(0, len(recs), size):
+        sink.write(recs[i:i + size])
+    sink.pre_commit(m)
+    return m
+
+
+def test_slices_stream_into_one_invisible_transaction(make_sink: MakeSink, pg: PG, topic: str, table: str, unique: str) -> None:
+    sink = make_sink()
+    cycle(sink, f"{unique}.w1.1.1", records(topic, [order(0)]))
+    recs = records(topic, [order(i) for i in range(1, 31)], start=1)
+    txn = f"{unique}.w1.1.2"
+    sink.begin_transaction(txn)
+    sink.write(recs[:10])
+    sink.write(recs[10:20])
+    writing = scalar(pg, "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+                         " WHERE c.relname = %s AND l.mode = 'RowExclusiveLock' AND l.pid <> pg_backend_pid()", table)
+    assert writing == 1, "the slices are being copied before the prepare"
+    assert count(pg, table) == 1, "streamed rows are invisible before the commit"
+    sink.write(recs[20:])
+    sink.pre_commit(manifest(txn, sink.connector, recs))
+    assert prepared_gids(pg, unique) == [f"eosink:{txn}"] and count(pg, table) == 1
+    sink.commit(txn)
+    assert [r[0] for r in rows(pg, table, "id")] == list(range(31))
+    assert sink.read_offsets() == {TopicPartition(topic, 0): (1, 31)}
+
+
+def test_a_slice_streaming_cannot_take_is_written_at_prepare_once(
+    make_sink: MakeSink, pg: PG, topic: str, table: str, unique: str
+) -> None:
+    """A new field in a later slice: the stream is given up, the column added, the whole batch
+    written at prepare - each row once."""
+    sink = make_sink()
+    cycle(sink, f"{unique}.w1.1.1", records(topic, [order(0)]))
+    recs = records(topic, [order(i) for i in range(1, 5)] + [order(5, note="new")] + [order(i) for i in range(6, 9)], start=1)
+    cycle_txn = f"{unique}.w1.1.2"
+    prepare_in_slices(sink, cycle_txn, recs, 3)
+    sink.commit(cycle_txn)
+    assert rows(pg, table, "id, note", order="id") == [(i, "new" if i == 5 else None) for i in range(9)]
+
+
+def test_a_bad_value_in_a_streamed_slice_names_the_record_and_leaves_nothing(
+    make_sink: MakeSink, pg: PG, topic: str, table: str, unique: str
+) -> None:
+    sink = make_sink()
+    cycle(sink, f"{unique}.w1.1.1", records(topic, [order(0)]))
+    recs = records(topic, [order(i) for i in range(1, 7)] + [order(7, amount="x")], start=1)
+    with pytest.raises(RecordError) as err:
+        prepare_in_slices(sink, f"{unique}.w1.1.2", recs, 3)
+    assert (err.value.offset, err.value.column) == (7, "amount")
+    sink.abort(f"{unique}.w1.1.2")
+    assert count(pg, table) == 1 and prepared_gids(pg, unique) == [] and manifests_of(pg, unique) == []
+    cycle(sink, f"{unique}.w1.1.3", records(topic, [order(1)], start=1))  # the connection is fine afterwards
+    assert count(pg, table) == 2
+
+
+def test_abort_while_streaming_discards_the_rows(make_sink: MakeSink, pg: PG, topic: str, table: str, unique: str) -> None:
+    sink = make_sink()
+    cycle(sink, f"{unique}.w1.1.1", records(topic, [order(0)]))
+    sink.begin_transaction(f"{unique}.w1.1.2")
+    sink.write(records(topic, [order(i) for i in range(1, 6)], start=1))
+    sink.abort(f"{unique}.w1.1.2")
+    assert count(pg, table) == 1 and prepared_gids(pg, unique) == []
+    cycle(sink, f"{unique}.w1.1.3", records(topic, [order(1)], start=1))
+    assert [r[0] for r in rows(pg, table, "id")] == [0, 1]
+
+
+def test_streamed_rows_lost_with_their_connection_are_written_again_at_prepare(
+    make_sink: MakeSink, pg: PG, topic: str, table: str, unique: str
+) -> None:
+    """The server drops the open transaction with its connection: the prepare writes the batch on
+    a new one instead of preparing a transaction without its rows."""
+    sink = make_sink()
+    cycle(sink, f"{unique}.w1.1.1", records(topic, [order(0)]))
+    recs = records(topic, [order(i) for i in range(1, 11)], start=1)
+    txn = f"{unique}.w1.1.2"
+    m = manifest(txn, sink.connector, recs)
+    sink.begin_transaction(txn)
+    sink.write(recs[:5])
+    sink.write(recs[5:])
+    pid = scalar(pg, "SELECT l.pid FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+                     " WHERE c.relname = %s AND l.mode = 'RowExclusiveLock' AND l.pid <> pg_backend_pid()", table)
+    assert scalar(pg, "SELECT pg_terminate_backend(%s)", pid)
+    sink.pre_commit(m)
+    sink.commit(txn)
+    assert [r[0] for r in rows(pg, table, "id")] == list(range(11))
+    assert prepared_gids(pg, unique) == []
+
+
+def test_a_streamed_zombie_is_fenced_at_prepare(make_sink: MakeSink, pg: PG, topic: str, table: str, unique: str) -> None:
+    owner, zombie = make_sink(), make_sink()
+    cycle(owner, f"{unique}.w2.2.1", records(topic, [order(i) for i in range(3)]), epoch=2)
+    with pytest.raises(FencedError):
+        prepare_in_slices(zombie, f"{unique}.w1.1.7", records(topic, [order(i) for i in range(3, 9)], start=3), 2, epoch=1)
+    assert count(pg, table) == 3 and prepared_gids(pg, unique) == [] and manifests_of(pg, unique) == []
+
+
 # -- fencing ------------------------------------------------------------------------------------
 def test_stale_epoch_prepare_is_fenced(make_sink: MakeSink, pg: PG, topic: str, table: str, unique: str) -> None:
     owner, zombie = make_sink(), make_sink()

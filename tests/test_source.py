@@ -138,3 +138,49 @@ def test_undecodable_json_values_become_record_errors_naming_topic_partition_and
     assert batch.records == [] and isinstance(batch.error, RecordError)
     assert (batch.error.topic, batch.error.partition, batch.error.offset) == (topic, 0, 3)
     assert "recursion" in str(batch.error)
+
+
+# ---------------------------------------------------------------------------------------- ending a poll early
+def test_a_poll_that_has_read_everything_ends_once_min_s_old_not_at_its_timeout(stack, make_topic, unique):
+    """commit.min.interval.ms: with every partition at its end (read_committed: past the commit
+    marker), the poll returns once ``min_s`` old; without ``min_s`` it waits out its timeout."""
+    topic = make_topic(partitions=2)
+    produce(stack.kafka_bootstrap, topic, [(i % 2, json.dumps({"id": i}).encode()) for i in range(50)])
+    src = KafkaSource(unique, stack.kafka_bootstrap, value_converter="json")
+    try:
+        src.assign({TopicPartition(topic, 0): 0, TopicPartition(topic, 1): 0})
+        t0 = time.monotonic()
+        batch = src.poll_batch(10_000, 10_000_000, 20.0, min_s=0.2)
+        early = time.monotonic() - t0
+        assert sorted(r.value["id"] for r in batch.records) == list(range(50))
+        assert src.caught_up()
+        assert early < 10, f"a caught-up poll took {early:.1f}s: it waited for records that do not come"
+
+        t0 = time.monotonic()
+        assert src.poll_batch(10_000, 10_000_000, 0.5).records == []
+        assert time.monotonic() - t0 >= 0.45  # no min_s: the whole timeout
+
+        produce(stack.kafka_bootstrap, topic, [(1, b'{"id":50}')])
+        t0 = time.monotonic()
+        batch = src.poll_batch(10_000, 10_000_000, 20.0, min_s=0.5)
+        assert [r.value for r in batch.records] == [{"id": 50}]  # read although the last poll had caught up
+        assert time.monotonic() - t0 < 10
+    finally:
+        src.close()
+
+
+def test_on_chunk_receives_every_record_once_in_order(stack, make_topic, unique, monkeypatch):
+    monkeypatch.setattr(source, "CHUNK_RECORDS", 7)
+    topic = make_topic()
+    produce(stack.kafka_bootstrap, topic, [(0, json.dumps({"id": i}).encode()) for i in range(40)])
+    src = KafkaSource(unique, stack.kafka_bootstrap, value_converter="json", fetch_batch=5)  # 5 records a fetch
+    chunks: list[list[int]] = []
+    try:
+        src.assign({TopicPartition(topic, 0): 0})
+        batch = src.poll_batch(10_000, 10_000_000, 20.0, min_s=0.0,
+                               on_chunk=lambda recs: chunks.append([r.value["id"] for r in recs]))
+    finally:
+        src.close()
+    assert [r.value["id"] for r in batch.records] == list(range(40))
+    assert [i for c in chunks for i in c] == list(range(40))
+    assert len(chunks) > 1

@@ -58,7 +58,8 @@ def fence(cur: psycopg.Cursor[Any], manifest: TxnManifest, connector: str) -> No
 
     One statement. The offsets upsert only overwrites a row whose epoch is not newer
     (``WHERE eosink_offsets.epoch <= EXCLUDED.epoch``); a partition missing from RETURNING means
-    a newer epoch committed there: :class:`FencedError`, before anything is copied. The row lock
+    a newer epoch committed there: :class:`FencedError`, before anything is prepared (the rows may
+    have been streamed into the transaction already; they are rolled back with it). The row lock
     it takes is held until COMMIT/ROLLBACK PREPARED, so concurrent epochs serialise on it.
     """
     ranges = merge_ranges(manifest.ranges)

@@ -181,6 +181,47 @@ def _client_side(rec: SinkRecord, shape: Shape, vals: tuple[Any, ...], exc: Exce
     return record_error(rec, f"value cannot be encoded for {shape.table.display}: {exc}", column)
 
 
+def check_shape(shape: Shape, first: SinkRecord) -> None:
+    """Refuse a shape no COPY can take (naming ``first``, the shape's first record)."""
+    if not shape.all_cols:
+        raise record_error(first, f"no field of the record maps to a column of {shape.table.display}")
+    if shape.kafka and not KAFKA_NAMES.isdisjoint(shape.keys):
+        clash = next(k for k in shape.keys if k in KAFKA_NAMES)
+        raise record_error(first, f"field {clash!r} collides with the Kafka coordinate columns (fields.kafka=true)", clash)
+
+
+def copy_rows(write: Callable[[tuple[Any, ...]], None], shape: Shape, recs: Sequence[SinkRecord],
+              values: Sequence[Any], evolve: bool) -> int:
+    """Write the leading records that fit ``shape`` as rows with ``write`` (an open COPY's
+    ``write_row``); return how many. Stops at the first record with other keys. Raises
+    :class:`RecordError` for a value of the wrong type and :class:`NeedsDDL` for a new field."""
+    getter, n, fits, kafka = shape.getter, len(shape.keys), shape.fits, shape.kafka
+    exact = frozenset(shape.keys) if shape.unknown else None
+    count = 0
+    for r, v in zip(recs, values):
+        try:
+            if len(v) != n:
+                break
+            vals = getter(v)
+        except (KeyError, TypeError):
+            break  # not a dict, or other keys
+        if exact is not None:
+            if v.keys() != exact:
+                break
+            shape.check_unknown(v, r, evolve)
+        if not fits(vals):
+            shape.check(vals, r)
+        try:
+            write(vals + (r.topic, r.partition, r.offset) if kafka else vals)
+        except (psycopg.OperationalError, psycopg.InterfaceError, MemoryError):
+            raise  # the connection or the process, not the value
+        except Exception as exc:  # noqa: BLE001 - a dumper refusing the value (OverflowError, struct.error, ...)
+            shape.check(vals, r)  # names the column when the type is the problem
+            raise _client_side(r, shape, vals, exc) from exc
+        count += 1
+    return count
+
+
 def copy_run(
     cur: psycopg.Cursor[Any],
     shape: Shape,
@@ -195,44 +236,15 @@ def copy_run(
     :class:`RecordError` for a value of the wrong type, :class:`NeedsDDL` for a new field and
     :class:`RowRejected` when the server refuses the rows.
     """
-    getter, n, fits, kafka = shape.getter, len(shape.keys), shape.fits, shape.kafka
-    exact = frozenset(shape.keys) if shape.unknown else None
-    if not shape.all_cols:
-        raise record_error(recs[0], f"no field of the record maps to a column of {shape.table.display}")
-    if kafka and not KAFKA_NAMES.isdisjoint(shape.keys):
-        clash = next(k for k in shape.keys if k in KAFKA_NAMES)
-        raise record_error(recs[0], f"field {clash!r} collides with the Kafka coordinate columns (fields.kafka=true)", clash)
-    count = 0
+    check_shape(shape, recs[0])
     try:
         with cur.copy(shape.copy_statement(target)) as cp:
             cp.set_types(list(shape.types))
-            write = cp.write_row
-            for r, v in zip(recs, values):
-                try:
-                    if len(v) != n:
-                        break
-                    vals = getter(v)
-                except (KeyError, TypeError):
-                    break  # not a dict, or other keys
-                if exact is not None:
-                    if v.keys() != exact:
-                        break
-                    shape.check_unknown(v, r, evolve)
-                if not fits(vals):
-                    shape.check(vals, r)
-                try:
-                    write(vals + (r.topic, r.partition, r.offset) if kafka else vals)
-                except (psycopg.OperationalError, psycopg.InterfaceError, MemoryError):
-                    raise  # the connection or the process, not the value
-                except Exception as exc:  # noqa: BLE001 - a dumper refusing the value (OverflowError, struct.error, ...)
-                    shape.check(vals, r)  # names the column when the type is the problem
-                    raise _client_side(r, shape, vals, exc) from exc
-                count += 1
+            return copy_rows(cp.write_row, shape, recs, values, evolve)
     except (psycopg.DataError, psycopg.IntegrityError) as exc:
         line = error_line(exc)
-        suspect = recs[line - 1] if line is not None and 0 < line <= count else None
+        suspect = recs[line - 1] if line is not None and 0 < line <= len(recs) else None
         raise RowRejected(shape.table, suspect, exc) from exc
-    return count
 
 
 def group_by_shape(recs: Sequence[SinkRecord], values: Sequence[Any]) -> dict[tuple[str, ...], list[int]]:
@@ -337,6 +349,8 @@ def write_upsert(
 
 __all__ = [
     "Shape",
+    "check_shape",
+    "copy_rows",
     "copy_run",
     "group_by_shape",
     "latest_per_key",

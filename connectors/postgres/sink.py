@@ -2,20 +2,24 @@
 
 One cycle, per :class:`~eosink.connectors.api.sink.TwoPhaseCommitSink`::
 
+    write(records) * n   insert mode: tpc_begin at the first, each slice COPYed into the open txn
+                         at once (see PostgresSink.write); otherwise only staged
     pre_commit(manifest)
       autocommit   INSERT eosink_txn_manifest (txn, manifest)        -- recovery can read it
-      tpc_begin('eosink:<txn>')
+      tpc_begin('eosink:<txn>')                                       -- unless streamed
         upsert eosink_offsets ... WHERE eosink_offsets.epoch <= EXCLUDED.epoch   -- the fence
         INSERT eosink_committed_txns (txn); DELETE eosink_txn_manifest (txn)
         [delete.enabled: COPY staging (tombstones' keys) + DELETE ... USING staging]
-        COPY rows (insert) | COPY staging + INSERT ... ON CONFLICT (upsert) | + UPDATE ... FROM (update)
+        COPY rows (insert, unless streamed) | COPY staging + INSERT ... ON CONFLICT (upsert) | + UPDATE ... FROM (update)
       tpc_prepare()                                                   -- durable, invisible
     commit(txn)   COMMIT PREPARED 'eosink:<txn>'   (rows, offsets, proof of commit: all at once)
     abort(txn)    ROLLBACK PREPARED 'eosink:<txn>'; DELETE eosink_txn_manifest (txn)
 
 **Why a manifest table.** Rows of a prepared transaction are invisible to every other session,
 so recovery cannot read the manifest from inside it. It is written in its own autocommit
-transaction *before* the two-phase transaction begins and deleted *inside* it: COMMIT PREPARED
+transaction *before* the two-phase transaction prepares (when the rows were streamed, after the
+transaction began: its DELETE, a later statement under READ COMMITTED, still sees the manifest)
+and deleted *inside* it: COMMIT PREPARED
 removes it atomically with the rows becoming visible; after ROLLBACK PREPARED, ``abort`` deletes
 it. :meth:`PostgresSink.recover` lists the manifests whose GID sits in ``pg_prepared_xacts``.
 A manifest whose transaction never got prepared (a crash in between) is harmless and is
@@ -58,12 +62,13 @@ hide that.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -98,6 +103,23 @@ class CycleTimings:
     rows: int = 0
 
 
+@dataclass(slots=True)
+class _Stream:
+    """The COPY of the open transaction, fed by every ``write`` of the cycle (see :meth:`PostgresSink.write`)."""
+
+    key: TableKey
+    shape: pgc.Shape
+    closer: contextlib.ExitStack
+    write_row: Callable[[tuple[Any, ...]], None]
+    rows: int = 0
+    #: The values the rows were built from, in order (the prepare's groups, without building them again).
+    values: list[Any] = field(default_factory=list)
+
+
+class _NotStreamed(Exception):
+    """These records cannot join the open COPY: the prepare writes the whole batch itself."""
+
+
 class PostgresSink(PostgresConnections, BatchingSink):
     """Exactly-once delivery into PostgreSQL tables via ``PREPARE TRANSACTION``.
 
@@ -123,6 +145,11 @@ class PostgresSink(PostgresConnections, BatchingSink):
             json.dumps({k: v for k, v in sorted(self.config.items()) if k != "connection.password"}, default=str).encode()
         ).hexdigest()[:16]
         self.timings = CycleTimings()
+        #: Insert mode streams each ``write`` into the open transaction (see :meth:`write`).
+        self._streams = self.mode == "insert" and not self.settings.delete_enabled
+        self._stream: _Stream | None = None
+        self._stream_off = True  # this txn's batch is written at prepare (not streamed, or given up)
+        self._streamed = 0  # records of this txn's batch already in the open COPY
 
     # -- connections ------------------------------------------------------------------------
     def open(self) -> None:
@@ -132,6 +159,7 @@ class PostgresSink(PostgresConnections, BatchingSink):
 
     def close(self) -> None:
         """Close both connections; prepared transactions stay on the server for recovery."""
+        self._drop_stream()
         for conn in (self._tx, self._ac):
             if conn is not None:
                 try:
@@ -162,20 +190,125 @@ class PostgresSink(PostgresConnections, BatchingSink):
 
     def begin_transaction(self, txn_id: str) -> None:
         self._gid_check(txn_id)
+        self._drop_stream()
         super().begin_transaction(txn_id)
+        self._stream_off = not self._streams
+        self._streamed = 0
+
+    # -- streaming ----------------------------------------------------------------------------
+    def write(self, records: Sequence[SinkRecord]) -> None:
+        """Stage ``records`` and, in insert mode, COPY them into the transaction right away.
+
+        The engine calls ``write`` with slices of the batch while it is still reading the rest
+        (``eosink.worker.engine.source``): PostgreSQL parses and stores rows on its own core while
+        this process polls and decodes the next ones, instead of idling until the prepare. The
+        transaction stays open and unprepared until :meth:`pre_commit`, which adds the manifest,
+        the fence and the proof of commit and prepares, exactly as when the batch is written there.
+
+        Streaming is an optimisation, never a different outcome: any record it cannot take as it
+        is (another table or shape, a field the table lacks, a value of the wrong type, a row the
+        server refuses, a lost connection) ends it; the transaction is rolled back and the prepare
+        writes the whole batch itself - with the usual DDL, retries and errors naming the record.
+        While streaming, the open transaction holds the target table's ROW EXCLUSIVE lock for the
+        whole cycle, not only from the prepare: another worker's auto.evolve waits for it (at most
+        ``lock.timeout.ms``, then retries); this sink never runs DDL while its own stream is open.
+        """
+        super().write(records)
+        if self._stream_off or not records:
+            return
+        try:
+            self._stream_rows(list(records))
+        except Exception as exc:  # noqa: BLE001 - the prepare writes the batch and reports what is wrong
+            log.debug("txn %s: rows written at prepare instead of streamed (%s: %s)", self._txn_id,
+                      type(exc).__name__, exc)
+            self._drop_stream()
+
+    def _stream_rows(self, records: list[SinkRecord]) -> None:
+        groups = self._tables.group(records)
+        if len(groups) != 1:
+            raise _NotStreamed("records for several tables")
+        [(key, (recs, values))] = groups.items()
+        st = self._stream
+        if st is None:
+            if self._streamed or self._txn_id is None or type(values[0]) is not dict:
+                raise _NotStreamed("not at the start of a batch of JSON objects")
+            self._tables.ensure(key, recs, values)  # DDL in its own transaction, before the two-phase one
+            st = self._open_stream(key, pgc.Shape.of(self._tables[key], tuple(values[0]), self.kafka), recs[0])
+        elif key != st.key:
+            raise _NotStreamed("records for another table")
+        done = pgc.copy_rows(st.write_row, st.shape, recs, values, self.config["auto.evolve"])
+        st.rows += done
+        st.values += values
+        self._streamed += len(recs)
+        if done != len(recs):
+            raise _NotStreamed("records of another shape")
+
+    def _open_stream(self, key: TableKey, shape: pgc.Shape, first: SinkRecord) -> _Stream:
+        assert self._txn_id is not None
+        pgc.check_shape(shape, first)
+        xid = self._xid(self._txn_id)
+        conn = self._tcon()
+        self._tx_state = "active"
+        try:
+            with contextlib.ExitStack() as opened:  # on a failure: the COPY failed, the cursor closed
+                conn.tpc_begin(xid)
+                cur = opened.enter_context(conn.cursor())
+                cp = opened.enter_context(cur.copy(shape.copy_statement(self._tables[key].ident)))
+                cp.set_types(list(shape.types))
+                closer = opened.pop_all()
+        except BaseException:
+            self._rollback_tx()
+            raise
+        self._stream = _Stream(key, shape, closer, cp.write_row)
+        return self._stream
+
+    def _drop_stream(self) -> None:
+        """Give up streaming for this txn: fail the COPY and roll the open transaction back."""
+        st, self._stream = self._stream, None
+        self._stream_off = True
+        if st is None:
+            return
+        try:
+            st.closer.__exit__(_NotStreamed, _NotStreamed("abandoned"), None)  # CopyFail: the server drops the rows
+        except Exception:  # noqa: BLE001 - the connection may be gone; the rollback below settles it
+            pass
+        self._rollback_tx()
+
+    def _finish_stream(self, records: list[SinkRecord]) -> Groups | None:
+        """End the open COPY. When the open transaction now holds every row of the batch, the
+        batch's groups (one table: every slice went there); else None, and nothing is open."""
+        st, self._stream = self._stream, None
+        if st is None:
+            return None
+        if self._stream_off or not self._streamed == len(records) == st.rows == len(st.values):
+            self._stream = st
+            self._drop_stream()
+            return None
+        try:
+            st.closer.close()
+        except Exception as exc:  # noqa: BLE001 - e.g. a row the server refused: written again, and named, at prepare
+            log.debug("txn %s: streamed rows refused (%s); writing the batch at prepare", self._txn_id, exc)
+            self._rollback_tx()
+            return None
+        return {st.key: (records, st.values)}
 
     # -- prepare ----------------------------------------------------------------------------
     def prepare_batch(self, manifest: TxnManifest, records: list[SinkRecord]) -> None:
         txn = manifest.txn_id
         xid = self._xid(txn)
         t0 = time.perf_counter()
-        groups = self._tables.group(records)
-        for key, (recs, values) in groups.items():
-            self._tables.ensure(key, recs, values)
+        held = self._finish_stream(records)  # the rows are in the open transaction already
+        in_tx = held is not None
+        groups = held if held is not None else self._tables.group(records)
+        if not in_tx:
+            for key, (recs, values) in groups.items():
+                self._tables.ensure(key, recs, values)
         t1 = time.perf_counter()
         state, owner = self._with_ac(lambda conn: book.write_manifest(conn, manifest, self.connector, self._fingerprint),
                                      "writing the manifest")
         self.timings = CycleTimings(manifest_ms=(time.perf_counter() - t1) * 1000, rows=len(records))
+        if state is not None and in_tx:
+            self._rollback_tx()
         if state == "prepared" and owner not in (None, self._fingerprint):
             raise self._sibling(txn)
         if state is not None:
@@ -183,7 +316,8 @@ class PostgresSink(PostgresConnections, BatchingSink):
             return
         for attempt in range(1, _MAX_ATTEMPTS + 1):
             try:
-                self._prepare_once(manifest, xid, groups)
+                streamed, in_tx = in_tx, False  # a retry writes the batch itself
+                self._prepare_once(manifest, xid, groups, streamed)
                 self.timings.write_ms += (t1 - t0) * 1000
                 return
             except NeedsDDL as need:
@@ -242,23 +376,28 @@ class PostgresSink(PostgresConnections, BatchingSink):
             key="connector.class", source=f"connector '{self.connector}'",
         )
 
-    def _prepare_once(self, manifest: TxnManifest, xid: Xid, groups: Groups) -> None:
+    def _prepare_once(self, manifest: TxnManifest, xid: Xid, groups: Groups, streamed: bool = False) -> None:
+        """Fence, write (unless ``streamed``: the open transaction holds the rows) and prepare."""
+        if streamed and (self._tx is None or self._tx.broken or self._tx.closed):
+            streamed = False  # the connection died with the streamed rows (the server rolled them back): write anew
         conn = self._tcon()
         t0 = time.perf_counter()
         self._tx_state = "active"
-        try:
-            conn.tpc_begin(xid)
-        except (psycopg.OperationalError, psycopg.InterfaceError):
-            if not (conn.broken or conn.closed):
-                raise
-            self._tx = None  # died while idle (e.g. a server restart): nothing was sent, start over
-            conn = self._tcon()
-            self._tx_state = "active"
-            conn.tpc_begin(xid)
+        if not streamed:
+            try:
+                conn.tpc_begin(xid)
+            except (psycopg.OperationalError, psycopg.InterfaceError):
+                if not (conn.broken or conn.closed):
+                    raise
+                self._tx = None  # died while idle (e.g. a server restart): nothing was sent, start over
+                conn = self._tcon()
+                self._tx_state = "active"
+                conn.tpc_begin(xid)
         with conn.cursor() as cur:
             book.fence(cur, manifest, self.connector)
-            for key, (recs, values) in groups.items():
-                self._write(cur, key, recs, values, self.config["auto.evolve"])
+            if not streamed:
+                for key, (recs, values) in groups.items():
+                    self._write(cur, key, recs, values, self.config["auto.evolve"])
         t1 = time.perf_counter()
         self._tx_state = "prepare-sent"
         conn.tpc_prepare()
@@ -351,6 +490,7 @@ class PostgresSink(PostgresConnections, BatchingSink):
         delete the manifest. A transaction still open on this instance is rolled back first."""
         if self._txn_id == txn_id:
             self._batch = []
+        self._drop_stream()
         if self._tx_state != "idle":
             self._rollback_tx()
         xid = self._xid(txn_id)

@@ -77,6 +77,10 @@ COMMON = (
             "poll interval. Exactly one of topics and topics.regex.", Importance.HIGH, _regex)
     .define("tasks.max", Type.INT, 1, "At most this many workers consume the connector at once.", validator=at_least(1))
     .define("commit.interval.ms", Type.LONG, 1000, "Cycle length: the longest a record waits before its commit.", validator=at_least(10))
+    .define("commit.min.interval.ms", Type.LONG, 250, "A cycle that has read everything available (each partition "
+            "at its last stable offset) commits once it is this old instead of waiting out commit.interval.ms: records "
+            "are delivered sooner, and a trickle still makes at most one transaction per this long. >= "
+            "commit.interval.ms: every cycle runs its full interval.", validator=at_least(0))
     .define("batch.max.records", Type.INT, 200_000, "A cycle commits early once it holds this many records.", validator=at_least(1))
     .define("batch.max.bytes", Type.LONG, 64 * 1024 * 1024, "A cycle commits early once it holds this many value bytes.",
             validator=at_least(1))

@@ -47,7 +47,8 @@ REFUSED_OVERRIDES: dict[str, str] = {
     "max.poll.interval.ms": _GROUP,
     "bootstrap.servers": "the worker's Kafka cluster is set per worker (--bootstrap-servers); the decision log's offsets "
                          "belong to that cluster",
-    "enable.partition.eof": "the engine's batching relies on it being off",
+    "enable.partition.eof": "the engine turns it on itself to tell when a cycle has read everything available "
+                            "(commit.min.interval.ms); the events never reach the sinks",
     "key.deserializer": "a Java client setting: use key.converter",
     "value.deserializer": "a Java client setting: use value.converter",
 }

@@ -62,6 +62,14 @@ class Batch:
 
 
 class RecordSource(Protocol):
+    """Where a task's records come from.
+
+    A source may also offer ``poll_batch(..., min_s=..., on_chunk=...)`` and say so with a true
+    ``incremental`` attribute (:class:`KafkaSource` does; the in-memory sources of the model tests
+    need not): ``min_s`` ends a poll early once it has read everything available and is that old,
+    and ``on_chunk`` receives the batch's records in slices while it is still being read.
+    """
+
     def assign(self, positions: Mapping[TopicPartition, int | None]) -> None:
         """Replace the assignment; ``None`` means "from the reset policy" (nothing decided yet)."""
 
@@ -110,8 +118,12 @@ def converter(name: str, *, schemas_enable: bool = False) -> Callable[[bytes | N
 
 #: What a connector's consumer overrides may not change: these keep read_committed delivery and the
 #: decision log's ownership of offsets (registration refuses them too; this is the second line).
+#: ``enable.partition.eof`` is on so the source knows when it has read everything available (see
+#: :meth:`KafkaSource.caught_up`); the end-of-partition events never reach the sinks.
 PINNED = {"isolation.level": "read_committed", "enable.auto.commit": False, "enable.auto.offset.store": False,
-          "enable.partition.eof": False}
+          "enable.partition.eof": True}
+#: ``on_chunk`` receives the records decoded so far once at least this many are waiting.
+CHUNK_RECORDS = 20_000
 
 _gc_lock = threading.Lock()
 _gc_holders = 0
@@ -179,6 +191,9 @@ class KafkaSource:
     each cycle show up in ordinary Kafka tooling as consumer lag.
     """
 
+    #: Takes ``min_s`` and ``on_chunk`` (see :class:`RecordSource`).
+    incremental = True
+
     def __init__(
         self,
         connector: str,
@@ -205,7 +220,6 @@ class KafkaSource:
             "enable.auto.offset.store": False,
             "isolation.level": "read_committed",
             "auto.offset.reset": reset,
-            "enable.partition.eof": False,
             "statistics.interval.ms": 0,
             "fetch.wait.max.ms": 100,
             "queued.min.messages": 200_000,
@@ -250,12 +264,21 @@ class KafkaSource:
         #: how long a new owner waits for data, and where a benchmark starts a steady-state clock.
         self.first_record_at: float | None = None
         self._known_topics: set[str] = set()
+        #: Assigned partitions whose end (the last stable offset) was reached and nothing read since.
+        self._at_end: set[tuple[str, int]] = set()
+
+    def caught_up(self) -> bool:
+        """Has everything available been read? Every assigned partition reported its end (librdkafka's
+        end-of-partition event: position at the last stable offset, read_committed) with no record
+        since, and nothing fetched is waiting in this source."""
+        return bool(self._assigned) and not self._pending and len(self._at_end) >= len(self._assigned)
 
     def assign(self, positions: Mapping[TopicPartition, int | None]) -> None:
         from confluent_kafka import TopicPartition as KTP
 
         self._pending = []
         self._assigned = sorted(positions)
+        self._at_end = set()
         self.first_record_at = None
         self._learn_topics({tp.topic for tp in positions})
         self.consumer.assign(
@@ -308,16 +331,24 @@ class KafkaSource:
             return FatalError(f"consumer error from Kafka at {self.bootstrap}: {err}", component="kafka-consumer")
         return RetryableError(f"consumer error from Kafka at {self.bootstrap}: {err}", component="kafka-consumer")
 
-    def poll_batch(self, max_records: int, max_bytes: int, timeout_s: float) -> Batch:
+    def poll_batch(self, max_records: int, max_bytes: int, timeout_s: float, *, min_s: float | None = None,
+                   on_chunk: Callable[[list[SinkRecord]], None] | None = None) -> Batch:
+        """Read up to ``max_records`` / ``max_bytes`` for at most ``timeout_s``.
+
+        ``min_s``: return as soon as everything available has been read (:meth:`caught_up`) and the
+        poll is at least this old - waiting out ``timeout_s`` for records that do not come only
+        delays them. ``on_chunk``: called with each slice of the batch's records (in order, every
+        record once) as they are decoded, so a sink can start writing while the rest is read."""
         _pause_gc()
         try:
-            batch = self._poll_batch(max_records, max_bytes, timeout_s)
+            batch = self._poll_batch(max_records, max_bytes, timeout_s, min_s, on_chunk)
             batch.fresh = True  # every record in it was decoded anew, for this batch alone
             return batch
         finally:
             _resume_gc()
 
-    def _poll_batch(self, max_records: int, max_bytes: int, timeout_s: float) -> Batch:
+    def _poll_batch(self, max_records: int, max_bytes: int, timeout_s: float, min_s: float | None = None,
+                    on_chunk: Callable[[list[SinkRecord]], None] | None = None) -> Batch:
         from confluent_kafka import KafkaError
 
         if self._commit_refused is not None:
@@ -326,18 +357,33 @@ class KafkaSource:
         out = batch.records
         append = out.append
         decode, decode_key, keep_raw = self.decode, self.decode_key, self.keep_raw
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline = started + timeout_s
+        early = started + min_s if min_s is not None and min_s < timeout_s else None
+        at_end = self._at_end
         nbytes = 0
+        handed = 0  # records already given to on_chunk
+        polled = False
         while len(out) < max_records and nbytes < max_bytes and len(batch.failed) < MAX_FAILED_PER_BATCH:
+            if on_chunk is not None and len(out) - handed >= CHUNK_RECORDS:
+                on_chunk(out[handed:])
+                handed = len(out)
             if self._pending:
                 msgs, self._pending = self._pending, []
             else:
-                remaining = deadline - time.monotonic()
+                now = time.monotonic()
+                remaining = deadline - now
                 if remaining <= 0 or not self._assigned or self.interrupt.is_set():
                     break
+                if early is not None and self.caught_up():
+                    if now >= early and polled:
+                        break  # everything available is read: commit it now
+                    # (At least one fetch first: "caught up" dates from the last poll, records may have come since.)
+                    remaining = min(remaining, max(early - now, 0.01))
                 # Short slices, so a stop or a new assignment ends the flush within ~0.1 s.
                 msgs = self.consumer.consume(num_messages=min(self.fetch_batch, max_records - len(out)),
                                              timeout=min(remaining, 0.1))
+                polled = True
                 if msgs and self.first_record_at is None:
                     self.first_record_at = time.monotonic()
                 elif not msgs:
@@ -346,9 +392,12 @@ class KafkaSource:
                 err = m.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
+                        at_end.add((m.topic(), m.partition()))
                         continue
                     self._pending = []
                     raise self._error(m, err)
+                if at_end:
+                    at_end.discard((m.topic(), m.partition()))
                 raw = m.value()
                 key = m.key()
                 what = "value"
@@ -372,8 +421,7 @@ class KafkaSource:
                         continue
                     self._pending = []
                     batch.error = error
-                    batch.nbytes = nbytes
-                    return batch
+                    break
                 headers = m.headers()
                 append(
                     SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw if keep_raw else None,
@@ -384,6 +432,10 @@ class KafkaSource:
                 if len(out) >= max_records or nbytes >= max_bytes:
                     self._pending = msgs[i + 1:]
                     break
+            if batch.error is not None:
+                break  # everything before the bad record is delivered; nothing at or after it is
+        if on_chunk is not None and len(out) > handed:
+            on_chunk(out[handed:])
         batch.nbytes = nbytes
         return batch
 

@@ -147,10 +147,23 @@ class SinkTask:
                 stop.wait(self._backoff.next())
             elif result.outcome is CycleOutcome.EMPTY and (
                     self.state is not TaskState.RUNNING or not self.active_partitions()):
-                stop.wait(min(0.5, self.settings.commit_interval_s))
+                self._idle(stop, wake, min(0.5, self.settings.commit_interval_s))
             elif self.state is TaskState.FAILED:
                 stop.wait(0.5)
         self.shutdown()
+
+    @staticmethod
+    def _idle(stop: threading.Event, wake: threading.Event | None, seconds: float) -> None:
+        """Nothing to do: wait ``seconds``, but not past a stop or a wake-up (:meth:`interrupt`: a new
+        assignment). The task thread starts before its first assignment arrives; sleeping through
+        it cost every new connector half a second before its first record."""
+        if wake is None:
+            stop.wait(seconds)
+            return
+        deadline = time.monotonic() + seconds
+        while not stop.is_set() and not wake.wait(min(0.05, deadline - time.monotonic())):
+            if time.monotonic() >= deadline:
+                return
 
     def request_assignment(self, partitions: Iterable[TopicPartition]) -> None:
         """Thread-safe: the task thread applies it right after the flush in progress, which it
@@ -290,7 +303,11 @@ class SinkTask:
             # records arrive, for at most one interval): the new owner resumes promptly.
             resuming = time.monotonic() < self._resuming_until
             flush_s = min(s.commit_interval_s, 0.1) if resuming else s.commit_interval_s
-            batch = self.source.poll_batch(s.max_records, s.max_bytes, flush_s)
+            # Without transforms or a dead-letter sink the records go to the sinks as they are read (each
+            # slice once, in order: ``write`` * n of the contract), so a sink can write while the rest is read.
+            streamed = self.transforms is None and self.dead_letter is None and not self._tolerance.poison
+            batch = self._poll(flush_s, streamed)
+            streamed = streamed and getattr(self.source, "incremental", False)
             metrics.CONSUMED.labels(self.connector).inc(len(batch.records) + len(batch.failed))
             if batch.records:
                 self._resuming_until = 0.0
@@ -306,7 +323,8 @@ class SinkTask:
             check_not_behind(self.connector, ranges, self.grants)
             if self.transforms is not None:
                 records = self._tolerance.transform(self.transforms, records, failed, owned=batch.fresh)
-            self.fanout.write(records)
+            if not streamed:
+                self.fanout.write(records)
             if failed:
                 self._tolerance.report(failed, txn_id, self.grants)
             manifest = TxnManifest(txn_id, self.connector, ranges)
@@ -323,6 +341,16 @@ class SinkTask:
                 self._position()  # rewind to the decision: the batch is read again, without the record
                 return CycleResult(CycleOutcome.ABORTED, txn_id, error=exc, redo=True)
             return self._abort_cycle(txn_id, exc)
+
+    def _poll(self, flush_s: float, stream: bool) -> Batch:
+        """The cycle's records. A source that can tell it has read everything available ends the
+        flush then, once the cycle is ``commit_min_interval_s`` old (not at once: a trickle would
+        make a transaction per record); with ``stream`` it hands them to the sinks as it reads them."""
+        s = self.settings
+        if not getattr(self.source, "incremental", False):
+            return self.source.poll_batch(s.max_records, s.max_bytes, flush_s)
+        return self.source.poll_batch(s.max_records, s.max_bytes, flush_s,  # type: ignore[call-arg]
+                                      min_s=s.commit_min_interval_s, on_chunk=self.fanout.write if stream else None)
 
     def _decide(self, txn_id: str, next_offsets: dict[TopicPartition, int]) -> CycleResult | None:
         """The single commit point. None when the txn is decided (the grants then hold the decision);

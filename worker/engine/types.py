@@ -81,6 +81,10 @@ class CycleResult:
 @dataclass
 class TaskSettings:
     commit_interval_s: float = 1.0
+    #: ``commit.min.interval.ms``: a cycle that has read everything available commits once it is this
+    #: old instead of waiting out ``commit_interval_s`` (not sooner: at trickle traffic every cycle is
+    #: caught up, and this bounds the transactions to one per this long).
+    commit_min_interval_s: float = 0.25
     max_records: int = 200_000
     max_bytes: int = 64 * 1024 * 1024
     commit_retries: int = 8
