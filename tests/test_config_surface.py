@@ -122,3 +122,22 @@ def test_keys_of_a_transform_alias_the_chain_does_not_list_are_refused_not_ignor
     assert err.key == "transforms.route.type" and "does not list" in str(err)
     err = _refused({**PG, "predicates.p.type": "HasHeaderKey"})
     assert err.key == "predicates.p.type"
+
+
+FS = {"connector.class": "filesystem", "topics": "orders", "file.path": "/tmp/out"}
+
+
+@pytest.mark.parametrize(("config", "expected_ms"), [
+    (PG, 250),  # rows: a caught-up cycle commits once 250 ms old
+    ({**PG, "commit.interval.ms": "100"}, 100),  # never past the full interval
+    (FS, 1000),  # a file per transaction: no early end, or a trickle makes a file every 250 ms
+    ({**FS, "commit.interval.ms": "60000"}, 60000),
+    ({**FS, "commit.min.interval.ms": "500"}, 500),  # as set, whatever the sink
+    ({**PG, "commit.min.interval.ms": "0"}, 0),
+    ({"connector.class": "fanout", "topics": "orders", "sinks": "db,files",
+      **{f"sinks.db.{k}": v for k, v in PG.items() if k != "topics"},
+      **{f"sinks.files.{k}": v for k, v in FS.items() if k != "topics"}}, 1000),  # the most patient sink wins
+], ids=["postgres", "postgres-short-interval", "filesystem", "filesystem-long-interval", "filesystem-set",
+        "postgres-zero", "fanout-postgres-filesystem"])
+def test_a_caught_up_cycle_ends_early_only_where_a_transaction_makes_no_file(config, expected_ms):
+    assert parse_connector("c", config, resolve=False).commit_min_interval_ms == expected_ms

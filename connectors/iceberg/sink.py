@@ -107,6 +107,8 @@ class CycleTimings:
 class IcebergSink(BatchingSink):
     """Exactly-once delivery into Apache Iceberg tables through a SQL or REST catalog."""
 
+    CAUGHT_UP_COMMIT_MS = None  # a data file and a snapshot per transaction: cycles run their full commit.interval.ms
+
     CONFIG = (
         ConfigDef()
         .define("iceberg.catalog.type", Type.STRING, "sql", "sql (a JDBC-style catalog in a database, pyiceberg's SqlCatalog, "

@@ -77,10 +77,13 @@ COMMON = (
             "poll interval. Exactly one of topics and topics.regex.", Importance.HIGH, _regex)
     .define("tasks.max", Type.INT, 1, "At most this many workers consume the connector at once.", validator=at_least(1))
     .define("commit.interval.ms", Type.LONG, 1000, "Cycle length: the longest a record waits before its commit.", validator=at_least(10))
-    .define("commit.min.interval.ms", Type.LONG, 250, "A cycle that has read everything available (each partition "
+    .define("commit.min.interval.ms", Type.LONG, None, "A cycle that has read everything available (each partition "
             "at its last stable offset) commits once it is this old instead of waiting out commit.interval.ms: records "
             "are delivered sooner, and a trickle still makes at most one transaction per this long. >= "
-            "commit.interval.ms: every cycle runs its full interval.", validator=at_least(0))
+            "commit.interval.ms: every cycle runs its full interval. Unset: 250 where every sink's transaction makes "
+            "rows or requests (postgres, http, memory); commit.interval.ms where one makes a file, object or snapshot "
+            "(filesystem, s3, iceberg, a fanout holding one), which ending early at low traffic would make small.",
+            validator=at_least(0))
     .define("batch.max.records", Type.INT, 200_000, "A cycle commits early once it holds this many records.", validator=at_least(1))
     .define("batch.max.bytes", Type.LONG, 64 * 1024 * 1024, "A cycle commits early once it holds this many value bytes.",
             validator=at_least(1))
@@ -190,6 +193,18 @@ class ConnectorConfig:
 
     def create_sinks(self) -> list[TwoPhaseCommitSink]:
         return [spec.cls(self.name, spec.config) for spec in self.sinks]
+
+    @property
+    def commit_min_interval_ms(self) -> int:
+        """``commit.min.interval.ms`` as set, else what every sink of the connector allows (see
+        :attr:`TwoPhaseCommitSink.CAUGHT_UP_COMMIT_MS`): the longest of their wishes, the full
+        ``commit.interval.ms`` for a sink that wants no early end."""
+        set_ms = self.settings["commit.min.interval.ms"]
+        if set_ms is not None:
+            return int(set_ms)
+        full = int(self.settings["commit.interval.ms"])
+        wishes = [spec.cls.CAUGHT_UP_COMMIT_MS for spec in self.sinks]
+        return full if None in wishes else min(full, max(w for w in wishes if w is not None))
 
     def masked(self) -> dict[str, Any]:
         """The config as given, with every password-typed value hidden."""

@@ -276,7 +276,7 @@ class Worker:
             tolerate=tolerate,
         )
         settings = TaskSettings(
-            commit_interval_s=s["commit.interval.ms"] / 1000, commit_min_interval_s=s["commit.min.interval.ms"] / 1000,
+            commit_interval_s=s["commit.interval.ms"] / 1000, commit_min_interval_s=cfg.commit_min_interval_ms / 1000,
             max_records=s["batch.max.records"], max_bytes=s["batch.max.bytes"],
             backoff_max_s=s["errors.retry.delay.max.ms"] / 1000, retry_timeout_s=s["errors.retry.timeout"] / 1000,
             tolerate_errors=tolerate, log_errors=s["errors.log.enable"], log_error_messages=s["errors.log.include.messages"],
