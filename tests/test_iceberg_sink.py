@@ -628,3 +628,27 @@ def test_spark_reads_the_committed_rows_through_iceberg_jdbc_catalog(local: Targ
 
     sink.commit(f"{unique}.w.1.3")  # our commit still works after Spark rewrote the table
     assert len(local.rows(table)) == 90
+
+
+def test_a_namespace_created_by_another_worker_at_the_same_moment_is_not_an_error(local: Target, unique: str,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workers starting a connector together both create its namespace: the SQL catalog checks,
+    then inserts, so the later insert hits the catalog's unique key. Forced here: the namespace exists,
+    but the creator's existence check answers as it would have a moment before the other's commit."""
+    from eosink.connectors.iceberg.tables import ensure_namespace
+
+    namespace = f"race_{unique}"
+    cat = load_catalog(CATALOG, type="sql", uri=local.config["iceberg.catalog.uri"],
+                       warehouse=local.config["iceberg.warehouse"])
+    cat.create_namespace(namespace)
+    try:
+        real = cat.namespace_exists
+        answers = iter([False])  # the first check only: the creator's own, before the other's commit
+        monkeypatch.setattr(cat, "namespace_exists", lambda ns: next(answers, real(ns)))
+        ensure_namespace(cat, namespace)  # the insert fails on the unique key; the namespace is there: fine
+        monkeypatch.setattr(cat, "namespace_exists", lambda ns: False)
+        with pytest.raises(Exception, match="duplicate key|UNIQUE|IntegrityError"):
+            ensure_namespace(cat, namespace)  # when it truly is not there, the creation's error stands
+    finally:
+        monkeypatch.undo()
+        cat.drop_namespace(namespace)

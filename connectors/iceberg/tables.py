@@ -27,6 +27,24 @@ from eosink.connectors.iceberg import txn as itx
 log = logging.getLogger("eosink.connectors.iceberg.sink")
 
 
+def ensure_namespace(cat: Catalog, namespace: str) -> None:
+    """Create ``namespace`` unless it exists, also when another worker creates it at the same moment.
+
+    pyiceberg's SQL catalog checks, then inserts: of two workers starting a new connector together,
+    the second's insert fails on the catalog database's unique key (an IntegrityError, not
+    NamespaceAlreadyExistsError) although the namespace now exists, which is all this needs.
+    """
+    try:
+        cat.create_namespace_if_not_exists(namespace)
+    except Exception:
+        try:
+            exists = cat.namespace_exists(namespace)
+        except Exception:  # noqa: BLE001 - cannot tell: the creation's own error says more
+            exists = False
+        if not exists:
+            raise
+
+
 def _sql_metadata_location(cat: SqlCatalog, ident: str) -> str | None:
     """The current metadata file of ``ident`` in a SQL catalog: the row pyiceberg's load_table reads."""
     namespace = Catalog.namespace_to_string(Catalog.namespace_from(ident))
@@ -123,7 +141,7 @@ class Tables:
         schema = ia.new_schema(ia.infer_fields(recs, vals, names, self.kafka), self.kafka)
         spec = ia.partition_spec(self.partition_fields, schema)
         cat = self.catalog()
-        cat.create_namespace_if_not_exists(ident.rsplit(".", 1)[0])
+        ensure_namespace(cat, ident.rsplit(".", 1)[0])
         table = cat.create_table_if_not_exists(ident, schema=schema, partition_spec=spec, properties=self.table_props)
         self.remember(ident, table)
         log.info("created Iceberg table %s at %s", ident, table.location())
