@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 
 POINTS = ("begin", "flush", "pre_commit", "after_prepare", "after_decide", "mid_commit", "after_commit", "recover")
 
@@ -42,7 +43,12 @@ class _Faults:
         if self.seen == self.nth:
             sys.stderr.write(f"EOSINK_FAULT: {self.signal.name} to pid {os.getpid()} at {point} #{self.seen}\n")
             sys.stderr.flush()
-            os.kill(os.getpid(), self.signal)
+            # To this thread, not the process: a process-directed SIGSTOP goes to whichever thread the
+            # kernel picks (the main one, asleep), and the whole process stops only once that thread
+            # is scheduled - meanwhile this one ran on past the point (on a loaded machine it decided
+            # and committed the txn before the "zombie" stopped). A thread-directed one stops the
+            # process before this call returns.
+            signal.pthread_kill(threading.get_ident(), self.signal)
 
 
 FAULTS = _Faults(os.environ.get("EOSINK_FAULT"))
