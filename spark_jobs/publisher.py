@@ -147,9 +147,10 @@ def publish_outbox(
     state = read_run(conf, ledger_topic, job, run_id, ledger_timeout_s)
     if state.marker is not None:
         log.info("run %s/%s is already complete in the ledger; publishing nothing", job, run_id)
+        checked = time.monotonic() - started
         return PublishResult(
             job, run_id, "already_published", 0, state.marker.num_partitions or len(state.entries), 0, {},
-            state.marker.records, time.monotonic() - started, steps={"checks": time.monotonic() - started},
+            state.marker.records, checked, steps={"checks": checked},
         )
     _check_partitioning(job, run_id, state, partitions)
 

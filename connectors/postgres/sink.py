@@ -111,8 +111,8 @@ class _Stream:
     shape: pgc.Shape
     closer: contextlib.ExitStack
     write_row: Callable[[tuple[Any, ...]], None]
-    rows: int = 0
-    #: The values the rows were built from, in order (the prepare's groups, without building them again).
+    #: The values of the rows written, in order (the prepare's groups, without building them again): a
+    #: slice that does not fit whole ends the stream, so there is a row for each of them.
     values: list[Any] = field(default_factory=list)
 
 
@@ -149,7 +149,6 @@ class PostgresSink(PostgresConnections, BatchingSink):
         self._streams = self.mode == "insert" and not self.settings.delete_enabled
         self._stream: _Stream | None = None
         self._stream_off = True  # this txn's batch is written at prepare (not streamed, or given up)
-        self._streamed = 0  # records of this txn's batch already in the open COPY
 
     # -- connections ------------------------------------------------------------------------
     def open(self) -> None:
@@ -193,7 +192,6 @@ class PostgresSink(PostgresConnections, BatchingSink):
         self._drop_stream()
         super().begin_transaction(txn_id)
         self._stream_off = not self._streams
-        self._streamed = 0
 
     # -- streaming ----------------------------------------------------------------------------
     def write(self, records: Sequence[SinkRecord]) -> None:
@@ -230,16 +228,14 @@ class PostgresSink(PostgresConnections, BatchingSink):
         [(key, (recs, values))] = groups.items()
         st = self._stream
         if st is None:
-            if self._streamed or self._txn_id is None or type(values[0]) is not dict:
+            if len(self._batch) != len(records) or self._txn_id is None or type(values[0]) is not dict:
                 raise _NotStreamed("not at the start of a batch of JSON objects")
             self._tables.ensure(key, recs, values)  # DDL in its own transaction, before the two-phase one
             st = self._open_stream(key, pgc.Shape.of(self._tables[key], tuple(values[0]), self.kafka), recs[0])
         elif key != st.key:
             raise _NotStreamed("records for another table")
         done = pgc.copy_rows(st.write_row, st.shape, recs, values, self.config["auto.evolve"])
-        st.rows += done
         st.values += values
-        self._streamed += len(recs)
         if done != len(recs):
             raise _NotStreamed("records of another shape")
 
@@ -280,7 +276,7 @@ class PostgresSink(PostgresConnections, BatchingSink):
         st, self._stream = self._stream, None
         if st is None:
             return None
-        if self._stream_off or not self._streamed == len(records) == st.rows == len(st.values):
+        if self._stream_off or len(st.values) != len(records):
             self._stream = st
             self._drop_stream()
             return None

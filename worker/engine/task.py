@@ -305,9 +305,9 @@ class SinkTask:
             flush_s = min(s.commit_interval_s, 0.1) if resuming else s.commit_interval_s
             # Without transforms or a dead-letter sink the records go to the sinks as they are read (each
             # slice once, in order: ``write`` * n of the contract), so a sink can write while the rest is read.
-            streamed = self.transforms is None and self.dead_letter is None and not self._tolerance.poison
-            batch = self._poll(flush_s, streamed)
-            streamed = streamed and getattr(self.source, "incremental", False)
+            incremental = getattr(self.source, "incremental", False)
+            streamed = incremental and self.transforms is None and self.dead_letter is None and not self._tolerance.poison
+            batch = self._poll(flush_s, incremental, streamed)
             metrics.CONSUMED.labels(self.connector).inc(len(batch.records) + len(batch.failed))
             if batch.records:
                 self._resuming_until = 0.0
@@ -342,12 +342,13 @@ class SinkTask:
                 return CycleResult(CycleOutcome.ABORTED, txn_id, error=exc, redo=True)
             return self._abort_cycle(txn_id, exc)
 
-    def _poll(self, flush_s: float, stream: bool) -> Batch:
-        """The cycle's records. A source that can tell it has read everything available ends the
-        flush then, once the cycle is ``commit_min_interval_s`` old (not at once: a trickle would
-        make a transaction per record); with ``stream`` it hands them to the sinks as it reads them."""
+    def _poll(self, flush_s: float, incremental: bool, stream: bool) -> Batch:
+        """The cycle's records. An ``incremental`` source (one that can tell it has read everything
+        available) ends the flush then, once the cycle is ``commit_min_interval_s`` old (not at once: a
+        trickle would make a transaction per record); with ``stream`` it hands them to the sinks as it
+        reads them."""
         s = self.settings
-        if not getattr(self.source, "incremental", False):
+        if not incremental:
             return self.source.poll_batch(s.max_records, s.max_bytes, flush_s)
         return self.source.poll_batch(s.max_records, s.max_bytes, flush_s,  # type: ignore[call-arg]
                                       min_s=s.commit_min_interval_s, on_chunk=self.fanout.write if stream else None)
