@@ -132,6 +132,46 @@ def test_jsonl_keeps_the_topics_bytes_and_one_record_per_line(make_sink, client,
     assert keys(client, bucket, "lake/raw/__pending__/") == [] and keys(client, bucket, "__pending__/") == []
 
 
+def test_a_batch_written_in_slices_makes_the_same_objects_as_one_write(make_sink, client, bucket, unique):
+    """The engine hands the batch over in slices while it reads (write * n): each slice is grouped
+    and encoded as it arrives, and the objects hold every record once, in offset order, as if the
+    batch had come in one write."""
+    recs = [r for i in range(30) for r in records("t" if i % 3 else "u", [{"i": i}], partition=i % 2, start=i)]
+    whole, sliced = make_sink(f"{unique}-whole"), make_sink(f"{unique}-sliced")
+    prepare(whole, f"{unique}.w.1.1", recs)
+    m = manifest_for(f"{unique}.w.1.2", sliced.connector, recs, 1)
+    sliced.begin_transaction(m.txn_id)
+    for i in range(0, len(recs), 7):
+        sliced.write(recs[i:i + 7])
+    sliced.pre_commit(m)
+    whole.commit(f"{unique}.w.1.1")
+    sliced.commit(m.txn_id)
+    got = visible(client, bucket, sliced.connector)
+    assert len(got) == 4 and {k.split("/", 1)[1]: v for k, v in got.items()} == {
+        k.split("/", 1)[1]: v for k, v in visible(client, bucket, whole.connector).items()}
+    for r in m.ranges:
+        want = [x.raw_value + b"\n" for x in recs if x.tp == r.tp]
+        assert got[sliced.final_key(r)] == b"".join(want)
+
+
+def test_a_slice_that_cannot_be_encoded_fails_the_prepare_naming_the_record_and_uploads_nothing(
+        make_sink, client, bucket, unique):
+    sink = make_sink()
+    good = records("t", [{"n": i} for i in range(4)])
+    bad = SinkRecord("t", 0, 4, None, b"\x00\x01", b"\x00\x01")  # value.converter=bytes: no JSON form
+    m = manifest_for(f"{unique}.w.1.1", unique, [*good, bad], 1)
+    sink.begin_transaction(m.txn_id)
+    sink.write(good[:2])
+    sink.write([*good[2:], bad])  # staged: the error is the prepare's, as for a batch written at once
+    with pytest.raises(RecordError, match=r"t\[0\]@4: value is raw bytes"):
+        sink.pre_commit(m)
+    assert keys(client, bucket) == [] and open_uploads(client, bucket) == []
+    sink.abort(m.txn_id)
+    prepare(sink, f"{unique}.w.1.2", good)  # the next txn holds nothing of the failed one's slices
+    sink.commit(f"{unique}.w.1.2")
+    assert list(visible(client, bucket, unique).values()) == [b"".join(r.raw_value + b"\n" for r in good)]
+
+
 def test_commit_twice_abort_twice_and_abort_of_unknown_txn_are_ok(make_sink, client, bucket, unique):
     sink = make_sink()
     prepare(sink, f"{unique}.w.1.1", records("t", [{"n": 1}, {"n": 2}]))

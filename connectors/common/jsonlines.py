@@ -32,17 +32,24 @@ def one_line(doc: bytes) -> bytes:
     return json.dumps(json.loads(doc), separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def values(records: Sequence[SinkRecord], component: str) -> bytes:
-    """Each record's value JSON, newline-terminated: the body S3 writes for ``format=jsonl``."""
+def lines(records: Sequence[SinkRecord], component: str) -> list[bytes]:
+    """Each record's value JSON as one line, without its newline: what :func:`values` joins, for a
+    sink that gathers a body from several slices of a batch and joins it once."""
     # The usual batch - JSON objects or arrays, each with its bytes from the topic - is checked and
     # gathered by C loops (map/all), not a Python step per record.
-    lines = list(map(_raw_value, records))
-    if None in lines or not all(map(isinstance, map(_value, records), itertools.repeat(_CONTAINERS))):
-        lines = [json_document(r, component=component, needs=NEEDS_JSON) for r in records]
-    if b"\n" in b"".join(lines):  # pretty-printed JSON on the topic: keep one record per line (a join
-        lines = list(map(one_line, lines))  # and a memchr cost a fifth of counting the newlines)
-    lines.append(b"")  # the last line's newline, without copying the whole body once more
-    return b"\n".join(lines)
+    out = list(map(_raw_value, records))
+    if None in out or not all(map(isinstance, map(_value, records), itertools.repeat(_CONTAINERS))):
+        out = [json_document(r, component=component, needs=NEEDS_JSON) for r in records]
+    if b"\n" in b"".join(out):  # pretty-printed JSON on the topic: keep one record per line (a join
+        out = list(map(one_line, out))  # and a memchr cost a fifth of counting the newlines)
+    return out
+
+
+def values(records: Sequence[SinkRecord], component: str) -> bytes:
+    """Each record's value JSON, newline-terminated: the body S3 writes for ``format=jsonl``."""
+    out = lines(records, component)
+    out.append(b"")  # the last line's newline, without copying the whole body once more
+    return b"\n".join(out)
 
 
 def envelopes(records: Sequence[SinkRecord], component: str) -> bytes:

@@ -50,7 +50,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -59,7 +59,7 @@ from urllib.parse import quote
 import structlog
 
 from eosink.connectors.api.errors import EosinkError, FatalError, FencedError, RetryableError
-from eosink.connectors.api.records import PartitionRange, SinkRecord, TopicPartition, TxnManifest
+from eosink.connectors.api.records import PartitionRange, TopicPartition, TxnManifest
 from eosink.connectors.s3.client import CONFLICT, MISSING, Bucket
 from eosink.connectors.s3.encoding import CONTENT_TYPES
 
@@ -82,9 +82,11 @@ T = TypeVar("T")
 class CycleTimings:
     """Milliseconds of the last cycle's phases (for metrics and the benchmark)."""
 
-    group_ms: float = 0.0  # the batch's records per partition (before prepare)
-    encode_ms: float = 0.0
-    prepare_ms: float = 0.0  # creates, parts, epoch reads, the txn's .json
+    group_ms: float = 0.0  # the batch's records per partition (in write)
+    encode_ms: float = 0.0  # JSON Lines of the slices (in write)
+    body_ms: float = 0.0  # the objects' bodies (in prepare: JSON Lines joined, or Parquet encoded)
+    prepare_ms: float = 0.0  # creates, bodies, parts, epoch reads, the txn's .json
+    creates_ms: float = 0.0  # from the prepare's start until its last create answered (no part goes before)
     commit_ms: float = 0.0  # completes, epoch raises
 
 
@@ -179,10 +181,13 @@ class MultipartTxns:
         self._data.shutdown(wait=True)
 
     # -- prepare ----------------------------------------------------------------------------
-    def prepare(self, manifest: TxnManifest, groups: dict[tuple[str, int], list[SinkRecord]],
-                encode: Callable[[list[SinkRecord]], bytes], ext: str) -> None:
-        """Creates first (they need no body) while the objects are encoded, then every part; the
-        fence's LIST and the txn's ``.json`` (once the creates answered) run alongside."""
+    def prepare(self, manifest: TxnManifest, bodies: Sequence[bytes] | Callable[[], Sequence[bytes]], ext: str) -> None:
+        """The objects of ``manifest.ranges`` (in that order): creates first (they need no body),
+        then every part; the fence's LIST and the txn's ``.json`` (once the creates answered) run
+        alongside. ``bodies`` is either made already (JSON Lines: encoded by ``write``, joined in
+        ~1 ms, which beside the creates' threads would wait several ms for the GIL and hold back
+        every part) or made by calling it while the creates run (Parquet: encoding takes longer
+        than a create's round trip)."""
         t0 = time.perf_counter()
         txn = manifest.txn_id
         meta = {"eosink-txn": quote(txn, safe=""), "eosink-connector": self.layout.connector}
@@ -190,28 +195,26 @@ class MultipartTxns:
         keys = [self.layout.final_key(r, ext) for r in manifest.ranges]
         # Not waited for before uploading: an unfinished upload is invisible, so a fenced prepare only
         # aborts it again, and an unfenced one (every one but a zombie's) saves a round trip.
-        fence = self._small.submit(self._fence, manifest)
-        creates = [self._data.submit(self._create, key, {**meta, "eosink-epoch": str(r.epoch)}, ctype)
+        answered: list[float] = []  # when each create answered (for the timings)
+        creates = [self._data.submit(self._create, key, {**meta, "eosink-epoch": str(r.epoch)}, ctype, answered)
                    for key, r in zip(keys, manifest.ranges)]
+        fence = self._small.submit(self._fence, manifest)
         record = self._small.submit(self._put_record, manifest, ext, keys, creates)
         parts: list[list[Future[tuple[int, str]]]] = []
-        encode_s = 0.0
         try:
             try:
                 # Every body before the first part goes out: encoding is CPU under the GIL, and run
                 # beside uploads it waits for their threads (2-3x longer; measured), delaying the
                 # last object's upload by more than encoding them all first does.
-                e0 = time.perf_counter()
-                bodies = [encode(groups[r.tp]) if groups[r.tp] else b"" for r in manifest.ranges]
-                encode_s = time.perf_counter() - e0
-                for key, create, r, body in zip(keys, creates, manifest.ranges, bodies):
-                    n = max(1, math.ceil(len(body) / self.part_size))
+                made = bodies() if callable(bodies) else bodies
+                for key, create, r, data in zip(keys, creates, manifest.ranges, made, strict=True):
+                    n = max(1, math.ceil(len(data) / self.part_size))
                     if n > MAX_PARTS:
-                        raise FatalError(f"txn {txn}: {len(body)} bytes for {r.tp} need {n} parts of s3.part.size="
+                        raise FatalError(f"txn {txn}: {len(data)} bytes for {r.tp} need {n} parts of s3.part.size="
                                          f"{self.part_size}, over S3's {MAX_PARTS}; raise s3.part.size", component=COMPONENT)
                     ps = self.part_size
                     parts.append([self._data.submit(self._upload_part, key, create, i + 1,
-                                                    body if n == 1 else body[i * ps:(i + 1) * ps]) for i in range(n)])
+                                                    data if n == 1 else data[i * ps:(i + 1) * ps]) for i in range(n)])
             finally:
                 inflight: list[Future[Any]] = [fence, record, *creates, *(f for ps_ in parts for f in ps_)]
                 wait(inflight)  # nothing in flight past here
@@ -233,7 +236,8 @@ class MultipartTxns:
                 pass
             raise
         self._prepared[txn] = prepared
-        self.timings = CycleTimings(encode_ms=encode_s * 1000, prepare_ms=(time.perf_counter() - t0) * 1000)
+        self.timings = CycleTimings(prepare_ms=(time.perf_counter() - t0) * 1000,
+                                    creates_ms=(max(answered, default=t0) - t0) * 1000)
 
     def _put_record(self, manifest: TxnManifest, ext: str, keys: list[str], creates: list[Future[str]]) -> None:
         ids = [f.result() for f in creates]  # the creates run first on the data threads
@@ -241,9 +245,11 @@ class MultipartTxns:
         pkey = self.layout.pending_key(manifest.txn_id)
         self.bucket.call("put_object", pkey, Key=pkey, Body=record.to_json(), ContentType="application/json")
 
-    def _create(self, key: str, metadata: dict[str, str], ctype: str) -> str:
-        return str(self.bucket.call("create_multipart_upload", key, Key=key, Metadata=metadata,
-                                    ContentType=ctype)["UploadId"])
+    def _create(self, key: str, metadata: dict[str, str], ctype: str, answered: list[float]) -> str:
+        uid = str(self.bucket.call("create_multipart_upload", key, Key=key, Metadata=metadata,
+                                   ContentType=ctype)["UploadId"])
+        answered.append(time.perf_counter())
+        return uid
 
     def _upload_part(self, key: str, create: Future[str], n: int, body: bytes) -> tuple[int, str]:
         upload_id = create.result()  # queued after its create (FIFO pool): at most one create's wait

@@ -2,8 +2,9 @@
 
 The two phases are S3's own (CreateMultipartUpload + UploadPart at prepare, CompleteMultipartUpload
 at commit): :mod:`.protocol` says how and why, :mod:`.encoding` what the objects hold,
+:mod:`.staging` how ``write`` groups and encodes the slices of a batch as they arrive,
 :mod:`.client` how failures become outcome classes. This module is the connector: its
-configuration, its lifecycle, and the grouping of a batch into one object per partition.
+configuration, its lifecycle, and the objects of a txn (one per partition of its manifest).
 
 **Visibility.** Each object appears atomically and complete; the objects of one txn appear one
 after the other within the commit (S3 cannot publish several keys at once). Readers list
@@ -13,23 +14,23 @@ after the other within the commit (S3 cannot publish several keys at once). Read
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from eosink.connectors.api.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
 from eosink.connectors.api.errors import ConfigError, FatalError
 from eosink.connectors.api.records import PartitionRange, SinkRecord, TxnManifest
-from eosink.connectors.api.sink import BatchingSink
+from eosink.connectors.api.sink import TwoPhaseCommitSink
 from eosink.connectors.common import heap
 from eosink.connectors.s3.client import Bucket, code_of, make_client, status_of
 from eosink.connectors.s3.encoding import ENCODERS
 from eosink.connectors.s3.protocol import BOOKKEEPING_THREADS, MIB, CycleTimings, Layout, MultipartTxns
+from eosink.connectors.s3.staging import Staging
 
 COMPONENT = "s3"
 
 
-class S3Sink(BatchingSink):
+class S3Sink(TwoPhaseCommitSink):
     """Exactly-once delivery into S3 objects (AWS, MinIO) by multipart uploads completed at commit."""
 
     CAUGHT_UP_COMMIT_MS = None  # an object per partition per transaction: cycles run their full commit.interval.ms
@@ -67,6 +68,8 @@ class S3Sink(BatchingSink):
         self.layout = Layout(c["s3.prefix"].strip("/"), connector)
         self._bucket: Bucket | None = None
         self._txns: MultipartTxns | None = None
+        self._txn_id: str | None = None
+        self._staged = Staging(self.format == "jsonl")
 
     # -- lifecycle --------------------------------------------------------------------------
     def open(self) -> None:
@@ -138,53 +141,39 @@ class S3Sink(BatchingSink):
         return self.layout.final_key(r, ext or self.format)
 
     # -- the two phases ---------------------------------------------------------------------
-    def prepare_batch(self, manifest: TxnManifest, records: list[SinkRecord]) -> None:
+    def begin_transaction(self, txn_id: str) -> None:
+        self._txn_id = txn_id
+        self._staged = Staging(self.format == "jsonl")
+
+    def write(self, records: Sequence[SinkRecord]) -> None:
+        """Stage a slice of the batch: grouped by partition and, for ``jsonl``, encoded now."""
+        self._staged.add(records)
+
+    def pre_commit(self, manifest: TxnManifest) -> None:
+        staged, self._staged = self._staged, Staging(self.format == "jsonl")
+        covered = {r.tp for r in manifest.ranges}
+        for tp, first in staged.firsts().items():
+            if tp not in covered:
+                raise FatalError(f"txn {manifest.txn_id}: record {first.tp}@{first.offset} is outside the manifest's "
+                                 "partitions", component=COMPONENT)
+        encode = ENCODERS[self.format]
         txns = self.txns
-        g0 = time.perf_counter()
-        groups = _by_partition(manifest, records)
-        group_ms = (time.perf_counter() - g0) * 1000
-        txns.prepare(manifest, groups, ENCODERS[self.format], self.format)
-        txns.timings.group_ms = group_ms
+
+        def bodies() -> list[bytes]:
+            return [staged.body(r.tp, encode) for r in manifest.ranges]
+
+        txns.prepare(manifest, bodies() if staged.encoded else bodies, self.format)
+        t = txns.timings
+        t.group_ms, t.encode_ms, t.body_ms = staged.group_s * 1000, staged.encode_s * 1000, staged.body_s * 1000
 
     def commit(self, txn_id: str) -> None:
         self.txns.commit(txn_id)
 
     def abort(self, txn_id: str) -> None:
         if self._txn_id == txn_id:
-            self._batch = []
+            self._staged = Staging(self.format == "jsonl")
         self.txns.abort(txn_id)
 
     def recover(self) -> list[TxnManifest]:
         return self.txns.recover()
 
-
-def _by_partition(manifest: TxnManifest, records: list[SinkRecord]) -> dict[tuple[str, int], list[SinkRecord]]:
-    """The batch's records per partition of the manifest (TopicPartition hashes and compares as the
-    tuple); a record of another partition is a FatalError naming it.
-
-    A loop of one dict lookup per record: the usual manifest has one topic, and then the lookup
-    is by the partition number alone (no tuple built and hashed per record: half the time).
-    """
-    topics = {r.topic for r in manifest.ranges}
-    if len(topics) == 1:
-        (topic,) = topics
-        by_p: dict[int, list[SinkRecord]] = {r.partition: [] for r in manifest.ranges}
-        get = by_p.get
-        for rec in records:
-            group = get(rec.partition)
-            if group is None or rec.topic != topic:
-                raise _outside(manifest, rec)
-            group.append(rec)
-        return {(topic, p): group for p, group in by_p.items()}
-    groups: dict[tuple[str, int], list[SinkRecord]] = {r.tp: [] for r in manifest.ranges}
-    for rec in records:
-        group = groups.get((rec.topic, rec.partition))
-        if group is None:
-            raise _outside(manifest, rec)
-        group.append(rec)
-    return groups
-
-
-def _outside(manifest: TxnManifest, rec: SinkRecord) -> FatalError:
-    return FatalError(f"txn {manifest.txn_id}: record {rec.tp}@{rec.offset} is outside the manifest's partitions",
-                      component=COMPONENT)
