@@ -3,7 +3,7 @@
 The engine hands a sink its batch in slices while it is still reading the rest (``write`` * n,
 ``CHUNK_RECORDS`` in ``eosink.worker.engine.source``). Grouping and encoding a slice when it
 arrives takes that CPU off the prepare's critical path: the prepare's objects are then one join
-of lines each (~1 ms per 12 MB), and the encoding no longer runs beside the creates' threads,
+of lines each (~2 ms per 12 MB), and the encoding no longer runs beside the creates' threads,
 which stretched it to two or three times its CPU time.
 
 Encoding on arrival is an optimisation, never a different outcome: a slice that does not encode
