@@ -198,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(f"per cycle of {args.batch:,} records (medians of {len(cycles)}): sink cycle {med('cycle'):.0f} ms = "
           f"write {med('write'):.1f} ms (slices of {args.slice:,}: grouping {med('group'):.1f} ms, encoding "
-          f"{med('encode'):.1f} ms) + prepare {med('prepare'):.0f} ms (the bodies joined, {med('body'):.1f} ms; the "
+          f"{med('encode'):.1f} ms) + prepare {med('prepare'):.0f} ms (the bodies made, {med('body'):.1f} ms; the "
           f"creates, answered {med('creates'):.0f} ms in; parts, fence reads, the txn's .json) + commit "
           f"{med('commit'):.0f} ms (completes, epoch raises); raw puts {med('raw'):.0f} ms; multipart pre-encoded "
           f"{med('floor'):.0f} ms")
@@ -215,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"(create, part, complete per object), no encoding, no bookkeeping - reaches {floor_rate / raw_rate:.0%} "
               f"here (two more requests per object, each costing client and server CPU on the same cores); on top, "
               f"the sink groups the records ({med('group'):.1f} ms) and encodes {nbytes / len(parts) / 1e6:.0f} MB "
-              f"({med('encode'):.0f} ms) in write(), joins the bodies ({med('body'):.1f} ms), and makes the fence's "
+              f"({med('encode'):.0f} ms) in write(), makes the bodies ({med('body'):.1f} ms), and makes the fence's "
               f"LIST and the txn's .json PUT (one DeleteObjects per {CLEANUP_BATCH} commits): "
               f"{med('sink_cpu') - med('floor_cpu'):.0f} ms more client CPU per cycle than the floor. No part can go "
               f"before pre_commit: an object's final key ends in its last offset, which only the manifest knows, "
