@@ -28,6 +28,7 @@ from eosink.connectors.common import jsonlines
 from eosink.connectors.filesystem import FilesystemSink
 from eosink.connectors.http.sink import encode_body
 from eosink.connectors.memory import MemorySink
+from eosink.connectors.s3.sink import S3Sink
 from eosink.worker.engine.decision import MemoryDecisionLog
 from eosink.worker.engine.task import SinkTask
 from eosink.worker.transforms.chain import build_chain
@@ -104,16 +105,24 @@ class DeferringListSource(ListSource):
 
 @pytest.mark.parametrize("sinks, transforms, expected", [
     (["filesystem"], None, True),
+    (["s3-jsonl"], None, True),
+    (["s3-parquet"], None, False),  # columns are built from the decoded fields
     (["filesystem", "filesystem"], None, True),
     (["filesystem", "memory"], None, False),  # the memory sink keeps values: it reads them
     (["memory"], None, False),
     (["filesystem"], {"transforms": "tag", "transforms.tag.type": "InsertField$Value",
                       "transforms.tag.static.field": "f", "transforms.tag.static.value": "v"}, False),
-], ids=["filesystem", "two-copying-sinks", "with-a-reading-sink", "memory", "with-a-transform"])
+], ids=["filesystem", "s3-jsonl", "s3-parquet", "two-copying-sinks", "with-a-reading-sink", "memory", "with-a-transform"])
 def test_a_task_defers_decoding_only_when_no_sink_and_no_transform_reads_values(
         tmp_path: Any, sinks: list[str], transforms: dict[str, str] | None, expected: bool) -> None:
-    built = [FilesystemSink("c", {"file.path": str(tmp_path / str(i))}) if kind == "filesystem"
-             else MemorySink("c", {"memory.store": f"lazy-{i}"}) for i, kind in enumerate(sinks)]
+    def sink(i: int, kind: str) -> Any:
+        if kind == "filesystem":
+            return FilesystemSink("c", {"file.path": str(tmp_path / str(i))})
+        if kind.startswith("s3-"):  # (not opened: nothing is sent)
+            return S3Sink("c", {"s3.bucket.name": "b", "format": kind[3:]})
+        return MemorySink("c", {"memory.store": f"lazy-{i}"})
+
+    built = [sink(i, kind) for i, kind in enumerate(sinks)]
     source = DeferringListSource({TopicPartition("t", 0): []})
     SinkTask("c", "w1", built, source, MemoryDecisionLog(), transforms=build_chain(transforms) if transforms else None)
     assert source.deferred is expected
