@@ -63,6 +63,7 @@ def _safe_name(txn_id: str) -> str:
 
 class FilesystemSink(BatchingSink):
     CAUGHT_UP_COMMIT_MS = None  # a file per transaction: cycles run their full commit.interval.ms
+    reads_values = False  # JSON Lines and raw files copy each value's bytes (see TwoPhaseCommitSink.reads_values)
 
     CONFIG = (
         ConfigDef()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import json
 import math
+import sys
 from typing import Any
 
 import pytest
@@ -219,6 +220,45 @@ def test_a_plain_record_is_decoded_natively_without_the_stdlib(monkeypatch: pyte
     assert same(jsoncodec.decode_value(raw), json.loads(raw.decode()))
     with pytest.raises(AssertionError, match="json.loads called"):
         jsoncodec.decode(b"[NaN]")  # what msgspec refuses does go to the stdlib
+
+
+# ---------------------------------------------------------------------------------------- checking, not decoding
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(_raw_document, _corrupted(), _nested(), st.binary(max_size=40)))
+@example(b'{"n":' + b"1" * 4301 + b"}")  # an integer json.loads refuses, inside an object
+@example(b'[' + b"1" * 9000 + b"]")
+@example(b'{"s":"\xc0\x80"}')  # invalid UTF-8 inside a string: a parse that builds nothing may not look
+@example(b'["\xf4\x90\x80\x80"]')
+@example(b'{"s":"\xed\xa0\x80"}')  # a lone surrogate's bytes: json.loads takes them, decode must decide
+@example(b'{"a":1} x')
+@example(b"[" * 900 + b"]" * 900)
+def test_is_json_container_vouches_only_for_what_decode_gives_as_an_object_or_array(raw: bytes) -> None:
+    """A value the source leaves undecoded is one ``json.loads`` takes, as a dict or a list, and decodes
+    to the same value later: whatever the check lets through, the decoder would have let through."""
+    if jsoncodec.is_json_container(raw):
+        theirs = json.loads(raw)
+        assert theirs.__class__ in (dict, list)
+        assert same(jsoncodec.decode(raw), theirs)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(_raw_document, _nested()))
+def test_is_json_container_vouches_for_every_object_or_array_msgspec_decodes(raw: bytes) -> None:
+    """The speed is the point: an object or array the native decoder takes is not decoded to be checked."""
+    if raw[:1] not in (b"{", b"["):
+        return
+    try:
+        jsoncodec._native_decode(raw)
+    except (ValueError, RecursionError):
+        return
+    if raw.count(b"[") + raw.count(b"{") < sys.getrecursionlimit() - jsoncodec.CALLER_FRAMES:
+        assert jsoncodec.is_json_container(raw)
+
+
+def test_is_json_container_says_no_to_scalars_tombstone_shapes_and_broken_documents() -> None:
+    for raw in (b'"x"', b"1", b"null", b" {}", b"\xef\xbb\xbf{}", b"{", b"[1,]", b"{} {}", b"[NaN]"):
+        assert not jsoncodec.is_json_container(raw), raw
+    assert jsoncodec.is_json_container(b'{"id":7,"tags":["a","\xc3\xa9"],"big":123456789012345678901234567890}')
 
 
 # ---------------------------------------------------------------------------------------- encode

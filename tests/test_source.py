@@ -1,5 +1,6 @@
 """The record source: its process-wide garbage-collector pause (no broker), and ``value.converter=json``
-decoding records from the real Kafka exactly as ``json.loads`` would, undecodable ones named by offset."""
+decoding records from the real Kafka exactly as ``json.loads`` would, undecodable ones named by offset -
+also when it only checks objects and arrays and leaves them undecoded (``defer_json_decoding``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 import pytest
 
 from eosink.connectors.api.errors import RecordError
-from eosink.connectors.api.records import TopicPartition
+from eosink.connectors.api.records import LazyJsonRecord, SinkRecord, TopicPartition
 from eosink.worker.engine import source
 from eosink.worker.engine.source import KafkaSource
 from tests.restkit import produce
@@ -65,7 +66,19 @@ ODD_BUT_VALID = [
     '{"id":4}'.encode("utf-16-le"),
     b'{"id":5,"raw_surrogate":"\xed\xa0\x80"}',
 ]
-UNDECODABLE = [b"{broken", b'{"s":"\xff"}', b"[" * 5000 + b"]" * 5000, b"1" * 4301]
+UNDECODABLE = [b"{broken", b'{"s":"\xff"}', b"[" * 5000 + b"]" * 5000, b"1" * 4301,
+               # What a parse that builds no value would let through: an integer over the digit limit
+               # inside an object, invalid UTF-8 (an overlong NUL, a code point past U+10FFFF) in a string.
+               b'{"n":' + b"1" * 4301 + b"}", b'{"s":"\xc0\x80"}', b'["\xf4\x90\x80\x80"]']
+#: Poll as the worker does for sinks that read values (decoded), and for sinks that copy their bytes.
+DECODING = pytest.mark.parametrize("deferred", [False, True], ids=["decoded", "checked-then-deferred"])
+
+
+def _source(unique: str, bootstrap: str, deferred: bool, **kw) -> KafkaSource:
+    src = KafkaSource(unique, bootstrap, value_converter="json", **kw)
+    if deferred:
+        assert src.defer_json_decoding()
+    return src
 
 
 def _poll_all(src: KafkaSource, n: int) -> source.Batch:
@@ -91,10 +104,11 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def test_json_converter_decodes_kafka_values_exactly_as_json_loads(stack, make_topic, unique):
+@DECODING
+def test_json_converter_decodes_kafka_values_exactly_as_json_loads(stack, make_topic, unique, deferred):
     topic = make_topic()
     produce(stack.kafka_bootstrap, topic, [(0, v) for v in ODD_BUT_VALID])
-    src = KafkaSource(unique, stack.kafka_bootstrap, value_converter="json")
+    src = _source(unique, stack.kafka_bootstrap, deferred)
     try:
         src.assign({TopicPartition(topic, 0): 0})
         batch = _poll_all(src, len(ODD_BUT_VALID))
@@ -102,18 +116,24 @@ def test_json_converter_decodes_kafka_values_exactly_as_json_loads(stack, make_t
         src.close()
     assert batch.error is None and batch.failed == []
     assert [r.offset for r in batch.records] == list(range(len(ODD_BUT_VALID)))
+    # Deferred, the plain object (a big integer is plain JSON) is left undecoded; what only json.loads
+    # takes (NaN, a lone surrogate, a BOM, UTF-16) was decoded, as without deferring.
+    lazy = [r.offset for r in batch.records if r.__class__ is LazyJsonRecord]
+    assert lazy == ([0] if deferred else [])
     for r, raw in zip(batch.records, ODD_BUT_VALID):
         assert r.raw_value == raw
         assert _same(r.value, json.loads(raw)), (r.offset, r.value)
 
 
-def test_undecodable_json_values_become_record_errors_naming_topic_partition_and_offset(stack, make_topic, unique):
+@DECODING
+def test_undecodable_json_values_become_record_errors_naming_topic_partition_and_offset(stack, make_topic, unique,
+                                                                                       deferred):
     """Malformed JSON, invalid UTF-8, nesting past the recursion limit, an integer over the digit limit:
     each is a RecordError for its own offset (tolerated: listed as failed, and the batch goes on)."""
     topic = make_topic()
     good = b'{"id":"ok"}'
     produce(stack.kafka_bootstrap, topic, [(0, v) for v in [good, *UNDECODABLE, good]])
-    src = KafkaSource(unique, stack.kafka_bootstrap, value_converter="json", tolerate=True)
+    src = _source(unique, stack.kafka_bootstrap, deferred, tolerate=True)
     try:
         src.assign({TopicPartition(topic, 0): 0})
         batch = _poll_all(src, len(UNDECODABLE) + 2)
@@ -129,7 +149,9 @@ def test_undecodable_json_values_become_record_errors_naming_topic_partition_and
         assert (err.topic, err.partition, err.offset) == (topic, 0, f.offset)
         assert "cannot be decoded as json" in str(err)
 
-    strict = KafkaSource(unique + "-strict", stack.kafka_bootstrap, value_converter="json")
+    assert {r.__class__ for r in batch.records} == {LazyJsonRecord if deferred else SinkRecord}
+
+    strict = _source(unique + "-strict", stack.kafka_bootstrap, deferred)
     try:
         strict.assign({TopicPartition(topic, 0): 3})  # the nesting record first
         batch = _poll_all(strict, 1)

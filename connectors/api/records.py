@@ -62,6 +62,59 @@ class SinkRecord:
         return self.header(ID_HEADER) or f"{self.topic}/{self.partition}/{self.offset}"
 
 
+#: The ``value`` a :class:`LazyJsonRecord` holds until something reads it.
+UNDECODED: Any = type("Undecoded", (), {"__repr__": lambda self: "UNDECODED", "__slots__": ()})()
+_value_slot = SinkRecord.__dict__["value"]  # the slot's own descriptor, under LazyJsonRecord's property
+_get_value, _set_value = _value_slot.__get__, _value_slot.__set__
+
+
+class LazyJsonRecord(SinkRecord):
+    """A record whose value is a JSON object or array, checked as it was read but not decoded yet.
+
+    A sink that only copies such a value's bytes (``raw_value``: JSON Lines, HTTP bodies) never
+    needs the decoded value, and decoding it is the larger part of reading a JSON record: with
+    ``value.converter=json``, no transforms, and sinks that all say ``reads_values = False``, the
+    source checks each value with :func:`eosink.connectors.common.jsoncodec.is_json_container` -
+    the same refusals as decoding, naming the same record - and makes this record instead of
+    decoding it. Anything that reads ``value`` still gets exactly the decoded value: the first read
+    decodes it and the record becomes a plain :class:`SinkRecord` holding it (as does assigning a
+    value), so ``r.__class__ is LazyJsonRecord`` always means "``raw_value`` is the topic's bytes of
+    a JSON object or array, and nothing has read or changed the value" (see :func:`copied_json`).
+    """
+
+    __slots__ = ()
+
+    @property
+    def value(self) -> Any:
+        v = _get_value(self)
+        if v is UNDECODED:
+            v = jsoncodec.decode_value(self.raw_value)
+            _set_value(self, v)
+            self.__class__ = SinkRecord  # type: ignore[assignment]
+        return v
+
+    @value.setter
+    def value(self, v: Any) -> None:
+        _set_value(self, v)
+        if v is not UNDECODED:  # (the constructor's own assignment keeps it lazy)
+            self.__class__ = SinkRecord  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A copy or pickle is the plain record, value decoded (reading it changes this one's class)."""
+        value = self.value
+        return (SinkRecord, (self.topic, self.partition, self.offset, self.key, value, self.raw_value, self.headers,
+                             self.timestamp_ms))
+
+
+def copied_json(r: SinkRecord) -> bytes | None:
+    """The bytes a sink may copy as the record's JSON: the topic's own, when the value is a JSON
+    object or array read from them (None otherwise: :func:`json_document` encodes it)."""
+    if r.__class__ is LazyJsonRecord:
+        return r.raw_value
+    raw = r.raw_value
+    return raw if raw is not None and isinstance(r.value, (dict, list)) else None
+
+
 def key_json(r: SinkRecord) -> bytes:
     """The record's key as JSON for an envelope: bytes as their UTF-8 text, anything else as JSON."""
     k = r.key
@@ -76,9 +129,10 @@ def json_document(r: SinkRecord, *, component: str, needs: str) -> bytes:
     """The record's value as one JSON document: the topic's own bytes for objects and arrays (no
     re-encoding), compact JSON for anything else. Raw bytes (``value.converter=bytes``) have no
     JSON form: a RecordError naming the record and ``needs`` (what the sink requires)."""
+    raw = copied_json(r)
+    if raw is not None:
+        return raw
     v = r.value
-    if r.raw_value is not None and isinstance(v, (dict, list)):
-        return r.raw_value
     if isinstance(v, (bytes, bytearray)):
         raise RecordError(f"value is raw bytes (value.converter=bytes); {needs}",
                           topic=r.topic, partition=r.partition, offset=r.offset, component=component)

@@ -41,24 +41,37 @@ visible in the output: msgspec writes NaN and Infinity as ``null``, so only a do
 is searched for them. Its bytes may differ from ``json.dumps``' where both read back the same: floats
 with an exponent (``1e16``, not ``1e+16``), non-ASCII text as UTF-8 rather than ``\\u`` escapes (as a
 producer's own bytes may hold it).
+
+:func:`is_json_container` answers, without decoding, what a sink that copies a record's bytes needs to
+know: would :func:`decode` accept them, as an object or an array? msgspec's parser into ``msgspec.Raw``
+walks the whole document without building a value (~0.13 against ~0.4 us for a ~200-byte record, and
+nothing to free), but it is more lenient than :func:`decode` in three ways, each checked before it
+runs: it does not check that strings are UTF-8 (``json.loads`` refuses invalid UTF-8), it takes integers
+of any length (``json.loads`` refuses more than ``sys.get_int_max_str_digits()`` digits), and it nests
+deeper. A document outside those checks gets False, which only means "decode it to know".
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import re
 import sys
 from typing import Any
 
 import msgspec
 
-__all__ = ["decode", "decode_value", "encode", "encode_json_value"]
+__all__ = ["decode", "decode_value", "encode", "encode_json_value", "is_json_container"]
 
 _native_decode = msgspec.json.Decoder().decode
 _native_encode = msgspec.json.Encoder().encode
 _loads = json.loads
 _dumps = json.JSONEncoder(separators=(",", ":")).encode  # what json.dumps(v, separators=(",", ":")) calls
 _getrecursionlimit = sys.getrecursionlimit
+_get_int_max_str_digits = sys.get_int_max_str_digits
+_native_skip = msgspec.json.Decoder(type=msgspec.Raw).decode  # parses, builds nothing
+_OPENERS = (b"{", b"[")
 _isfinite = math.isfinite
 
 #: Frames the callers may already use below a decode: the margin kept from the recursion limit.
@@ -88,6 +101,35 @@ def decode_value(raw: bytes | None) -> Any:
     elif raw is None:
         return None
     return _loads(raw)
+
+
+def is_json_container(raw: bytes) -> bool:
+    """True when :func:`decode` would accept ``raw`` (``bytes``) and give a dict or a list; False when
+    it would not, or when that cannot be told without decoding (see the module's docstring)."""
+    if raw[:1] not in _OPENERS:  # a leading space, a BOM, a scalar: rare, decoded
+        return False
+    n = len(raw)
+    bound = _getrecursionlimit() - CALLER_FRAMES
+    if n >= bound and raw.count(b"[") + raw.count(b"{") >= bound:
+        return False
+    digits = _get_int_max_str_digits()
+    if digits and n > digits and _digit_run(digits).search(raw) is not None:
+        return False  # json.loads refuses an integer that long (and msgspec's parse would not)
+    if not raw.isascii():
+        try:
+            raw.decode()
+        except UnicodeDecodeError:
+            return False  # json.loads may still take it (a lone surrogate's bytes): decode decides
+    try:
+        _native_skip(raw)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=4)
+def _digit_run(digits: int) -> re.Pattern[bytes]:
+    return re.compile(rb"[0-9]{%d}" % (digits + 1))
 
 
 def encode(value: Any) -> bytes:

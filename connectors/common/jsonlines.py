@@ -17,10 +17,11 @@ import operator
 from collections.abc import Sequence
 from json.encoder import encode_basestring_ascii
 
-from eosink.connectors.api.records import SinkRecord, json_document, key_json
+from eosink.connectors.api.records import LazyJsonRecord, SinkRecord, json_document, key_json
 
 _raw_value = operator.attrgetter("raw_value")
 _value = operator.attrgetter("value")
+_class = operator.attrgetter("__class__")
 _CONTAINERS = (dict, list)
 NEEDS_JSON = "JSON Lines output needs json or string values"
 
@@ -38,7 +39,7 @@ def lines(records: Sequence[SinkRecord], component: str) -> list[bytes]:
     # The usual batch - JSON objects or arrays, each with its bytes from the topic - is checked and
     # gathered by C loops (map/all), not a Python step per record.
     out = list(map(_raw_value, records))
-    if None in out or not all(map(isinstance, map(_value, records), itertools.repeat(_CONTAINERS))):
+    if None in out or not _all_containers(records):
         out = [json_document(r, component=component, needs=NEEDS_JSON) for r in records]
     if b"\n" in b"".join(out):  # pretty-printed JSON on the topic: keep one record per line (a join
         out = list(map(one_line, out))  # and a memchr cost a fifth of counting the newlines)
@@ -50,6 +51,14 @@ def values(records: Sequence[SinkRecord], component: str) -> bytes:
     out = lines(records, component)
     out.append(b"")  # the last line's newline, without copying the whole body once more
     return b"\n".join(out)
+
+
+def _all_containers(records: Sequence[SinkRecord]) -> bool:
+    """Is every value a JSON object or array (undecoded ones are, and stay undecoded)?"""
+    classes = set(map(_class, records))
+    if LazyJsonRecord not in classes:
+        return all(map(isinstance, map(_value, records), itertools.repeat(_CONTAINERS)))
+    return len(classes) == 1 or all(r.__class__ is LazyJsonRecord or isinstance(r.value, _CONTAINERS) for r in records)
 
 
 def envelopes(records: Sequence[SinkRecord], component: str) -> bytes:
@@ -66,7 +75,7 @@ def envelopes(records: Sequence[SinkRecord], component: str) -> bytes:
     out: list[bytes] = []
     append = out.append
     # ``10 in raw`` (an int: one memchr) is seven times quicker than ``b"\n" in raw`` on short values.
-    containers, nl = _CONTAINERS, ord("\n")
+    containers, nl, lazy = _CONTAINERS, ord("\n"), LazyJsonRecord
     for r in records:
         t = topics.get(r.topic)
         if t is None:
@@ -75,7 +84,8 @@ def envelopes(records: Sequence[SinkRecord], component: str) -> bytes:
         k = r.key
         key = b"null" if k is None else esc(k.decode("utf-8", "replace")).encode() if k.__class__ is bytes else key_json(r)
         value = r.raw_value
-        if not (value and isinstance(r.value, containers)):  # compact JSON never holds a raw line break
+        if not (value and (r.__class__ is lazy or isinstance(r.value, containers))):  # compact JSON never
+            # holds a raw line break
             value = json_document(r, component=component, needs=NEEDS_JSON)
         elif nl in value:
             value = one_line(value)

@@ -41,7 +41,7 @@ import urllib3
 
 from eosink.connectors.api.config import ConfigDef, Importance, Type, at_least, non_empty
 from eosink.connectors.api.errors import ConfigError, FatalError, FencedError, RetryableError
-from eosink.connectors.api.records import SinkRecord, TxnManifest, json_document
+from eosink.connectors.api.records import LazyJsonRecord, SinkRecord, TxnManifest, json_document
 from eosink.connectors.api.sink import BatchingSink
 
 COMPONENT = "http"
@@ -66,8 +66,9 @@ def encode_body(manifest: TxnManifest, records: list[SinkRecord]) -> bytes:
     """``{"txn","connector","manifest","records"}`` as one line, records last (the server's canonical form)."""
     head = b'{"txn":%s,"connector":%s,"manifest":%s,"records":[' % (
         json.dumps(manifest.txn_id).encode(), json.dumps(manifest.connector).encode(), manifest.to_json().encode())
-    fast = (dict, list)  # json_value's fast path inlined: this loop is most of the sink's CPU time
-    values = [r.raw_value if r.raw_value is not None and r.value.__class__ in fast else json_value(r) for r in records]
+    fast, lazy = (dict, list), LazyJsonRecord  # copied_json inlined: this loop is most of the sink's CPU time
+    values = [raw if (raw := r.raw_value) is not None and (r.__class__ is lazy or r.value.__class__ in fast)
+              else json_value(r) for r in records]
     body = head + b",".join(values) + b"]}"
     if b"\n" in body:  # pretty-printed JSON on the topic: compact it so the body stays one line
         values = [json.dumps(json.loads(v), separators=(",", ":")).encode() if b"\n" in v else v for v in values]
@@ -86,6 +87,8 @@ def redact(url: str) -> str:
 
 class HttpSink(BatchingSink):
     """Exactly-once delivery to an HTTP endpoint implementing prepare/commit/abort/pending."""
+
+    reads_values = False  # the body copies each value's JSON bytes (see TwoPhaseCommitSink.reads_values)
 
     CONFIG = (
         ConfigDef()

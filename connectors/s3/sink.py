@@ -65,6 +65,7 @@ class S3Sink(TwoPhaseCommitSink):
         c = self.config
         self.bucket_name: str = c["s3.bucket.name"]
         self.format: str = c["format"]
+        self.reads_values = self.format != "jsonl"  # JSON Lines copies each value's bytes; Parquet reads the fields
         self.layout = Layout(c["s3.prefix"].strip("/"), connector)
         self._bucket: Bucket | None = None
         self._txns: MultipartTxns | None = None

@@ -95,6 +95,8 @@ def _class_name(exc: BaseException) -> str:
 class DeadLetterSink(TwoPhaseCommitSink):
     """Bad records of the cycle into ``errors.deadletterqueue.topic.name``, exactly once (see the module doc)."""
 
+    reads_values = False  # failed records travel as the bytes they had on the topic
+
     def __init__(self, connector: str, *, session: Any, worker_id: str, bootstrap: str, topic: str,
                  kafka: Mapping[str, str] | None = None, context_headers: bool = True, replication_factor: int = -1,
                  timeout_s: float = 30.0) -> None:

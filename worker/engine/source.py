@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from eosink.connectors.api.errors import FatalError, RecordError, RetryableError
-from eosink.connectors.api.records import SinkRecord, TopicPartition
+from eosink.connectors.api.records import UNDECODED, LazyJsonRecord, SinkRecord, TopicPartition
 from eosink.connectors.common import jsoncodec
 from eosink.worker.engine.kafka_errors import ConnectionWatch, authorization_error
 
@@ -84,6 +84,19 @@ class RecordSource(Protocol):
 
 #: ``json.loads(raw)`` - same value, same refusal - natively where msgspec agrees (``None`` is a tombstone).
 _json = jsoncodec.decode_value
+
+
+_is_json_container = jsoncodec.is_json_container
+
+
+def _json_checked(raw: bytes | None) -> Any:
+    """``value.converter=json`` for sinks that copy JSON objects' and arrays' bytes: such a value is
+    checked (:func:`~eosink.connectors.common.jsoncodec.is_json_container`) and left undecoded
+    (``UNDECODED``: the record is then a :class:`LazyJsonRecord`); anything else is decoded, so every
+    refusal is the decoder's own."""
+    if raw.__class__ is bytes and _is_json_container(raw):
+        return UNDECODED
+    return _json(raw)
 
 
 def _string(raw: bytes | None) -> Any:
@@ -267,6 +280,15 @@ class KafkaSource:
         #: Assigned partitions whose end (the last stable offset) was reached and nothing read since.
         self._at_end: set[tuple[str, int]] = set()
 
+    def defer_json_decoding(self) -> bool:
+        """Check JSON object and array values as they are read but decode them only when read
+        (:class:`LazyJsonRecord`): for a task whose sinks all copy the values' bytes and that has no
+        transforms. True when it applies (``value.converter=json`` without ``schemas.enable``)."""
+        if self.converter != "json" or not self.keep_raw:
+            return False
+        self.decode = _json_checked
+        return True
+
     def caught_up(self) -> bool:
         """Has everything available been read? Every assigned partition reported its end (librdkafka's
         end-of-partition event: position at the last stable offset, read_committed) with no record
@@ -423,10 +445,11 @@ class KafkaSource:
                     batch.error = error
                     break
                 headers = m.headers()
-                append(
-                    SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw if keep_raw else None,
-                               tuple(headers) if headers else (), m.timestamp()[1])
-                )
+                record = SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw if keep_raw else None,
+                                    tuple(headers) if headers else (), m.timestamp()[1])
+                if value is UNDECODED:
+                    record.__class__ = LazyJsonRecord  # (quicker than its constructor's value setter)
+                append(record)
                 if raw is not None:
                     nbytes += len(raw)
                 if len(out) >= max_records or nbytes >= max_bytes:

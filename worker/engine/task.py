@@ -105,6 +105,10 @@ class SinkTask:
         self.fanout = SinkFanout([*sinks, *([dead_letter] if dead_letter is not None else [])], self.settings,
                                  self.logger, sleep)
         self.sinks = self.fanout.sinks
+        if self.transforms is None and not any(s.reads_values for s in self.sinks):
+            defer = getattr(source, "defer_json_decoding", None)  # (KafkaSource's; model tests' sources decode)
+            if defer is not None:
+                defer()
         self._tolerance = Tolerance(connector, self.settings, dead_letter, self.logger)
         self.retry_timeout = RetryTimeout(self.settings.retry_timeout_s)
         self.fanout.on_retry = self.retry_timeout.retrying
