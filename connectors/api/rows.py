@@ -1,0 +1,75 @@
+"""Records decoded straight into a sink's typed row, their JSON value built only if something reads it.
+
+Decoding a JSON object into a dict is the largest single cost of reading a record, and building and
+freeing the dict and its keys costs as much again as a flat typed struct would: a sink that knows the
+fields its rows take (the PostgreSQL sink, once it knows a table's columns) may offer the engine a
+row decoder (:class:`RowDecoding`), and the source then decodes each JSON value with it into a
+:class:`msgspec.Struct` of exactly those fields and types. A record it decodes becomes a
+:class:`RowRecord`; a record it refuses (another field, a missing one, another type, not an object,
+not JSON at all) is decoded by the connector's converter exactly as without it, and refused,
+dead-lettered or delivered as before.
+
+A :class:`RowRecord` is a :class:`SinkRecord` in every respect: reading ``value`` decodes
+``raw_value`` with the converter the source would have used (the same dict, keys in the topic's
+order) and makes it a plain :class:`SinkRecord` holding it, as does assigning a value. Only the sink
+that offered the decoder looks at the row, with :func:`row_of`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from eosink.connectors.api.records import SinkRecord
+from eosink.connectors.common import jsoncodec
+
+_value_slot = SinkRecord.__dict__["value"]  # the slot's own descriptor, under RowRecord's property
+_get_value, _set_value = _value_slot.__get__, _value_slot.__set__
+
+
+class RowRecord(SinkRecord):
+    """A record whose value slot holds the sink's typed row for its JSON object (see the module)."""
+
+    __slots__ = ()
+
+    @property
+    def value(self) -> Any:
+        v = jsoncodec.decode_value(self.raw_value)
+        _set_value(self, v)
+        self.__class__ = SinkRecord  # type: ignore[assignment]
+        return v
+
+    @value.setter
+    def value(self, v: Any) -> None:
+        _set_value(self, v)
+        self.__class__ = SinkRecord  # type: ignore[assignment]
+
+    def __eq__(self, other: object) -> bool:
+        self.value  # noqa: B018 - decoded: now a plain SinkRecord, compared as one
+        return self == other
+
+    __hash__ = None  # type: ignore[assignment]  # as SinkRecord's (a mutable dataclass)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A copy or pickle is the plain record, value decoded."""
+        value = self.value
+        return (SinkRecord, (self.topic, self.partition, self.offset, self.key, value, self.raw_value, self.headers,
+                             self.timestamp_ms))
+
+
+def row_of(r: SinkRecord) -> Any:
+    """The typed row a :class:`RowRecord` holds, else its ``value`` (reading no value lazily)."""
+    return _get_value(r)
+
+
+class RowDecoding(Protocol):
+    """What a sink offers the engine to decode JSON values into its rows.
+
+    ``row_decoder()`` is asked once per fetched slice of records: a function taking a record's value
+    bytes and returning the row (raising ``ValueError`` or ``TypeError`` for anything the row type does
+    not take exactly), or None when the sink has no row type now. The engine asks only when the sink
+    is the task's only sink, nothing transforms the records, and ``value.converter=json`` without
+    schemas (so that ``raw_value`` is the value's own encoding).
+    """
+
+    def row_decoder(self) -> Callable[[bytes], Any] | None: ...
