@@ -48,6 +48,10 @@ class RowRecord(SinkRecord):
         self.value  # noqa: B018 - decoded: now a plain SinkRecord, compared as one
         return self == other
 
+    def __repr__(self) -> str:
+        self.value  # noqa: B018
+        return repr(self)
+
     __hash__ = None  # type: ignore[assignment]  # as SinkRecord's (a mutable dataclass)
 
     def __reduce__(self) -> tuple[Any, ...]:
