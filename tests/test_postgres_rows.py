@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 import psycopg
 import pytest
+from confluent_kafka import Producer
 from psycopg import sql
 
 from eosink.connectors.api.errors import RecordError
@@ -30,7 +31,6 @@ from eosink.connectors.postgres.sink import PostgresSink
 from eosink.worker.engine import source
 from eosink.worker.engine.source import KafkaSource
 from eosink.worker.stack import Endpoints
-from tests.restkit import produce
 from tests.sinkkit import manifest_for, records
 from tests.test_postgres_sink import MakeSink, make_sink  # noqa: F401 - the fixture
 
@@ -123,9 +123,20 @@ def test_copy_rows_writes_a_row_as_the_dict_it_was_decoded_from() -> None:
 
 
 # -- RowRecord is the plain record it stands for ------------------------------------------------
-def _row_record(topic: str, partition: int, offset: int, raw: bytes, shape: pgc.Shape) -> SinkRecord:
+class _Message:
+    """What the source leaves in a RowRecord's headers slot: the consumer's message."""
+
+    def __init__(self, headers: list[tuple[str, bytes]] | None) -> None:
+        self._headers = headers
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._headers
+
+
+def _row_record(topic: str, partition: int, offset: int, raw: bytes, shape: pgc.Shape,
+                headers: list[tuple[str, bytes]] | None = [("h", b"v")]) -> SinkRecord:  # noqa: B006 - never changed
     assert shape.decode is not None
-    rec = SinkRecord(topic, partition, offset, b"k", shape.decode(raw), raw, (("h", b"v"),), 7)
+    rec = SinkRecord(topic, partition, offset, b"k", shape.decode(raw), raw, _Message(headers), 7)  # type: ignore[arg-type]
     rec.__class__ = RowRecord  # as the source makes it
     return rec
 
@@ -148,7 +159,15 @@ def test_reading_or_assigning_the_value_makes_a_plain_record() -> None:
     assert repr(_row_record("t", 0, 5, raw, shape)) == repr(plain)
     r4 = _row_record("t", 0, 5, raw, shape)
     assert r4.record_id == "t/0/5" and r4.header("h") == "v" and r4.tp == TopicPartition("t", 0)
-    assert type(r4) is RowRecord, "coordinates and headers are read without decoding the value"
+    assert r4.headers == (("h", b"v"),) and type(r4) is RowRecord, "coordinates and headers are read without decoding the value"
+    r5 = _row_record("t", 0, 5, raw, shape, headers=None)
+    assert r5.headers == () and r5.record_id == "t/0/5"
+    r6 = _row_record("t", 0, 5, raw, shape, headers=[("eosink.id", b"j/r/0/1")])
+    r6.value  # noqa: B018 - the plain record it becomes holds the headers, converted
+    assert type(r6) is SinkRecord and r6.headers == (("eosink.id", b"j/r/0/1"),) and r6.record_id == "j/r/0/1"
+    r7 = _row_record("t", 0, 5, raw, shape)
+    r7.headers = (("x", b"y"),)
+    assert r7.headers == (("x", b"y"),) and r7 == SinkRecord("t", 0, 5, b"k", plain.value, raw, (("x", b"y"),), 7)
 
 
 # -- the sink, fed rows ------------------------------------------------------------------------
@@ -236,7 +255,12 @@ def test_the_source_decodes_into_the_offered_rows_and_still_names_what_it_cannot
     values = [b'{"id":1,"n":2}', b'{"n":3,"id":2,"x":null}', b'{"id":3,"n":null}', None, b'{"id":5,"n":"6"}', b"{broken",
               b'{"id":7,"n":8}']
     topic = make_topic()
-    produce(stack.kafka_bootstrap, topic, [(0, v) for v in values])
+    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "transactional.id": f"{unique}-p"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i, v in enumerate(values):
+        producer.produce(topic, v, partition=0, headers=[("eosink.id", f"j/r/0/{i}".encode()), ("n", b"1")] if i != 2 else None)
+    producer.commit_transaction(30)
     asked: list[int] = []
 
     def rows() -> Callable[[bytes], Any] | None:
@@ -256,6 +280,10 @@ def test_the_source_decodes_into_the_offered_rows_and_still_names_what_it_cannot
         src.close()
     assert asked, "the decoder is asked for"
     assert [type(r) for r in got] == [RowRecord, SinkRecord, RowRecord, SinkRecord, SinkRecord]
+    assert type(SinkRecord.__dict__["headers"].__get__(got[0])) is not tuple, "a row's headers are converted when read"
+    assert [r.headers for r in got] == [(("eosink.id", f"j/r/0/{i}".encode()), ("n", b"1")) if i != 2 else () for i in range(5)]
+    assert got[0].record_id == "j/r/0/0"
+    assert [type(r) for r in got] == [RowRecord, SinkRecord, RowRecord, SinkRecord, SinkRecord], "headers read, values not"
     assert [r.value for r in got] == [{"id": 1, "n": 2}, {"n": 3, "id": 2, "x": None}, {"id": 3, "n": None}, None,
                                       {"id": 5, "n": "6"}]
     assert batch.error is not None and (batch.error.topic, batch.error.offset) == (topic, 5)

@@ -442,11 +442,13 @@ class KafkaSource:
                     self._pending = []
                     batch.error = error
                     break
-                headers = m.headers()
-                rec = SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw if keep_raw else None,
-                                 tuple(headers) if headers else (), m.timestamp()[1])
-                if make is not SinkRecord:
-                    rec.__class__ = make  # the slot holds the row (RowRecord's constructor would take it as a value)
+                if make is SinkRecord:
+                    headers = m.headers()
+                    rec = SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw if keep_raw else None,
+                                     tuple(headers) if headers else (), m.timestamp()[1])
+                else:  # the value slot holds the row, the headers slot the message (RowRecord converts them if read)
+                    rec = SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw, m, m.timestamp()[1])
+                    rec.__class__ = make
                 append(rec)
                 if raw is not None:
                     nbytes += len(raw)
