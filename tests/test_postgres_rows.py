@@ -9,6 +9,7 @@ source, from the real Kafka) must write the same rows and refuse the same record
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import pickle
 import time
@@ -18,7 +19,7 @@ from typing import Any
 import msgspec
 import psycopg
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Message, Producer
 from psycopg import sql
 
 from eosink.connectors.api.errors import RecordError
@@ -123,21 +124,12 @@ def test_copy_rows_writes_a_row_as_the_dict_it_was_decoded_from() -> None:
 
 
 # -- RowRecord is the plain record it stands for ------------------------------------------------
-class _Message:
-    """What the source leaves in a RowRecord's headers slot: the consumer's message."""
-
-    def __init__(self, headers: list[tuple[str, bytes]] | None) -> None:
-        self._headers = headers
-
-    def headers(self) -> list[tuple[str, bytes]] | None:
-        return self._headers
-
-
 def _row_record(topic: str, partition: int, offset: int, raw: bytes, shape: pgc.Shape,
                 headers: list[tuple[str, bytes]] | None = [("h", b"v")]) -> SinkRecord:  # noqa: B006 - never changed
     assert shape.decode is not None
-    rec = SinkRecord(topic, partition, offset, b"k", shape.decode(raw), raw, _Message(headers), 7)  # type: ignore[arg-type]
-    rec.__class__ = RowRecord  # as the source makes it
+    message = Message(topic=topic, partition=partition, offset=offset, value=raw, headers=headers)
+    rec = SinkRecord(topic, partition, offset, b"k", shape.decode(raw), raw, message, 7)  # type: ignore[arg-type]
+    rec.__class__ = RowRecord  # as the source makes it: the consumer's message in the headers slot
     return rec
 
 
@@ -166,8 +158,12 @@ def test_reading_or_assigning_the_value_makes_a_plain_record() -> None:
     r6.value  # noqa: B018 - the plain record it becomes holds the headers, converted
     assert type(r6) is SinkRecord and r6.headers == (("eosink.id", b"j/r/0/1"),) and r6.record_id == "j/r/0/1"
     r7 = _row_record("t", 0, 5, raw, shape)
-    r7.headers = (("x", b"y"),)
-    assert r7.headers == (("x", b"y"),) and r7 == SinkRecord("t", 0, 5, b"k", plain.value, raw, (("x", b"y"),), 7)
+    r7.headers = [("x", b"y")]  # type: ignore[assignment]  # whatever is assigned is kept as it is
+    assert r7.headers == [("x", b"y")] and r7 == SinkRecord("t", 0, 5, b"k", plain.value, raw, [("x", b"y")], 7)  # type: ignore[arg-type]
+    r8 = dataclasses.replace(_row_record("t", 0, 5, raw, shape), value={"x": 1})
+    assert type(r8) is SinkRecord and (r8.value, r8.headers) == ({"x": 1}, (("h", b"v"),))
+    r9 = dataclasses.replace(_row_record("t", 0, 5, raw, shape), offset=6)
+    assert type(r9) is SinkRecord and r9 == SinkRecord("t", 0, 6, b"k", plain.value, raw, (("h", b"v"),), 7)
 
 
 # -- the sink, fed rows ------------------------------------------------------------------------

@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from confluent_kafka import Message
+
 from eosink.connectors.api.records import SinkRecord
 from eosink.connectors.common import jsoncodec
 
@@ -36,10 +38,10 @@ _get_headers, _set_headers = _headers_slot.__get__, _headers_slot.__set__
 
 
 def _settled_headers(r: SinkRecord) -> tuple[tuple[str, bytes], ...]:
-    """The record's headers as a tuple, converted from the message its slot holds if not yet."""
+    """The record's headers, converted from the consumer's message its slot holds if not yet."""
     h = _get_headers(r)
-    if h.__class__ is not tuple:
-        pairs = h.headers()  # a confluent_kafka Message: its own copy of librdkafka's headers
+    if h.__class__ is Message:
+        pairs = h.headers()  # the message's own copy of librdkafka's headers
         h = tuple(pairs) if pairs else ()
         _set_headers(r, h)
     return h
@@ -73,7 +75,10 @@ class RowRecord(SinkRecord):
 
     def _plain(self) -> None:
         """Become the plain record (the value slot holds the value now): headers converted first."""
-        _settled_headers(self)
+        try:
+            _settled_headers(self)
+        except AttributeError:
+            pass  # being constructed (``dataclasses.replace``): its headers are assigned next
         self.__class__ = SinkRecord  # type: ignore[assignment]
 
     def __eq__(self, other: object) -> bool:
