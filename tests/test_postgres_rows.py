@@ -22,6 +22,7 @@ import pytest
 from confluent_kafka import Message, Producer
 from psycopg import sql
 
+from eosink.connectors import memory
 from eosink.connectors.api.errors import RecordError
 from eosink.connectors.api.records import SinkRecord, TopicPartition
 from eosink.connectors.api.rows import RowRecord, row_of
@@ -30,8 +31,13 @@ from eosink.connectors.postgres import copy as pgc
 from eosink.connectors.postgres import schema as pgs
 from eosink.connectors.postgres.sink import PostgresSink
 from eosink.worker.engine import source
+from eosink.worker.engine.decision import MemoryDecisionLog
 from eosink.worker.engine.source import KafkaSource
+from eosink.worker.engine.task import SinkTask
+from eosink.worker.engine.types import CycleOutcome, TaskSettings
 from eosink.worker.stack import Endpoints
+from eosink.worker.transforms import build_chain
+from tests.fakes import ListSource
 from tests.sinkkit import manifest_for, records
 from tests.test_postgres_sink import MakeSink, make_sink  # noqa: F401 - the fixture
 
@@ -283,3 +289,50 @@ def test_the_source_decodes_into_the_offered_rows_and_still_names_what_it_cannot
     assert [r.value for r in got] == [{"id": 1, "n": 2}, {"n": 3, "id": 2, "x": None}, {"id": 3, "n": None}, None,
                                       {"id": 5, "n": "6"}]
     assert batch.error is not None and (batch.error.topic, batch.error.offset) == (topic, 5)
+
+
+# -- which sink the engine asks for rows --------------------------------------------------------
+class _IncrementalSource(ListSource):
+    """A list source that takes ``min_s``, ``on_chunk`` and ``rows`` (as KafkaSource does), and notes ``rows``."""
+
+    incremental = True
+
+    def __init__(self, data: dict[TopicPartition, list[bytes]]) -> None:
+        super().__init__(data)
+        self.offered: list[Any] = []
+
+    def poll_batch(self, max_records: int, max_bytes: int, timeout_s: float, *, min_s: float | None = None,  # type: ignore[override]
+                   on_chunk: Callable[[list[SinkRecord]], None] | None = None, rows: Any = None) -> source.Batch:
+        self.offered.append(rows)
+        batch = super().poll_batch(max_records, max_bytes, timeout_s)
+        if on_chunk is not None and batch.records:
+            on_chunk(batch.records)
+        return batch
+
+
+class _RowSink(memory.MemorySink):
+    def row_decoder(self) -> Callable[[bytes], Any] | None:
+        return None
+
+
+@pytest.mark.parametrize("setup", ["alone", "two sinks", "transforms", "dead letters"])
+def test_the_engine_offers_rows_only_to_the_one_sink_that_gets_the_records_untransformed(setup: str, unique: str) -> None:
+    tp = TopicPartition("orders", 0)
+    src = _IncrementalSource({tp: [json.dumps({"id": i}).encode() for i in range(3)]})
+    sinks: list[Any] = [_RowSink("c", {"memory.store": unique})]
+    if setup == "two sinks":
+        sinks.append(_RowSink("c", {"memory.store": unique + "-2"}))
+    chain = build_chain({"transforms": "pick", "transforms.pick.type": "ExtractField$Value", "transforms.pick.field": "id"})
+    task = SinkTask("c", "w1", sinks, src, MemoryDecisionLog(), TaskSettings(commit_interval_s=0), sleep=lambda _s: None,
+                    transforms=chain if setup == "transforms" else None,
+                    dead_letter=memory.MemorySink("c", {"memory.store": unique + "-dlq"}) if setup == "dead letters" else None)
+    try:
+        task.open()
+        task.assign([tp])
+        assert task.run_cycle().outcome is CycleOutcome.SUCCEEDED
+        want = sinks[0].row_decoder if setup == "alone" else None
+        assert src.offered == [want]
+        assert len(memory.store(unique).committed) == 3
+    finally:
+        for name in (unique, unique + "-2", unique + "-dlq"):
+            memory.drop_store(name)
