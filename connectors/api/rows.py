@@ -16,8 +16,8 @@ that offered the decoder looks at the row, with :func:`row_of`.
 
 Its headers are converted only when read, too: the PostgreSQL sink never reads them, and for the
 publisher's two headers per outbox record, converting librdkafka's headers into a tuple of
-``(str, bytes)`` pairs, keeping and freeing them cost ~0.8 us per record end to end (3.75 against
-2.9-3.0 us of worker CPU per record, ``bench/bench_e2e.py --outbox-headers``).
+``(str, bytes)`` pairs, keeping and freeing them cost ~0.7 us per record end to end (3.75 against
+2.9-3.2 us of worker CPU per record, ``bench/bench_e2e.py --outbox-headers``).
 Until then the headers slot holds the consumer's message (which owns its own copy of them).
 """
 
