@@ -23,7 +23,7 @@ COPY into a fresh table of the same shape, one COPY + COMMIT per ``batch.max.rec
 Kafka, no JSON, no 2PC): the end-to-end rate is printed as a share of it.
 
     python bench/bench_e2e.py [--records 1000000] [--partitions 6] [--commit-interval-ms 1000]
-        [--batch-max-records N] [--consumer fetch.max.bytes=...] [--py-spy profile.svg]
+        [--batch-max-records N] [--consumer fetch.max.bytes=...] [--py-spy profile.svg] [--outbox-headers]
 
 Run it from the repository root with the stack up (``eosink stack up``, or EOSINK_HOME pointing at a
 running one). Results are appended to ``bench/results/e2e.json``. ``--wait-load`` (default 2.5)
