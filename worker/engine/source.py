@@ -413,12 +413,12 @@ class KafkaSource:
                 raw = m.value()
                 key = m.key()
                 what = "value"
-                make = SinkRecord
+                typed = False
                 try:
                     if row is not None:
                         try:
                             value = row(raw)
-                            make = RowRecord
+                            typed = True
                         except (ValueError, TypeError):  # not exactly the row: the converter decides, as without it
                             value = decode(raw)
                     else:
@@ -442,13 +442,13 @@ class KafkaSource:
                     self._pending = []
                     batch.error = error
                     break
-                if make is SinkRecord:
+                if typed:  # the value slot holds the row, the headers slot the message (RowRecord converts them if read)
+                    rec = SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw, m, m.timestamp()[1])
+                    rec.__class__ = RowRecord
+                else:
                     headers = m.headers()
                     rec = SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw if keep_raw else None,
                                      tuple(headers) if headers else (), m.timestamp()[1])
-                else:  # the value slot holds the row, the headers slot the message (RowRecord converts them if read)
-                    rec = SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw, m, m.timestamp()[1])
-                    rec.__class__ = make
                 append(rec)
                 if raw is not None:
                     nbytes += len(raw)
