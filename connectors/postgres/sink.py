@@ -149,6 +149,9 @@ class PostgresSink(PostgresConnections, BatchingSink):
         self._streams = self.mode == "insert" and not self.settings.delete_enabled
         self._stream: _Stream | None = None
         self._stream_off = True  # this txn's batch is written at prepare (not streamed, or given up)
+        #: The shape of the last stream that ran without a hitch, when its columns have a row type: the
+        #: engine decodes records straight into it (:meth:`row_decoder`).
+        self._row_shape: pgc.Shape | None = None
 
     # -- connections ------------------------------------------------------------------------
     def open(self) -> None:
@@ -194,6 +197,14 @@ class PostgresSink(PostgresConnections, BatchingSink):
         self._stream_off = not self._streams
 
     # -- streaming ----------------------------------------------------------------------------
+    def row_decoder(self) -> Callable[[bytes], Any] | None:
+        """Decode JSON values straight into the streamed COPY's rows (see
+        :class:`eosink.connectors.api.rows.RowDecoding`): the row type of the last stream's shape,
+        which takes exactly the records that shape's COPY takes without a type check; any other
+        record keeps its dict, and is written or refused as ever. None until such a stream ran."""
+        shape = self._row_shape
+        return shape.decode if shape is not None and self._streams and self._tables.plain else None
+
     def write(self, records: Sequence[SinkRecord]) -> None:
         """Stage ``records`` and, in insert mode, COPY them into the transaction right away.
 
@@ -222,16 +233,25 @@ class PostgresSink(PostgresConnections, BatchingSink):
             self._drop_stream()
 
     def _stream_rows(self, records: list[SinkRecord]) -> None:
-        groups = self._tables.group(records)
+        groups = self._tables.group(records, rows=True)  # a RowRecord's row, not its value (not decoded)
         if len(groups) != 1:
             raise _NotStreamed("records for several tables")
         [(key, (recs, values))] = groups.items()
         st = self._stream
         if st is None:
-            if len(self._batch) != len(records) or self._txn_id is None or type(values[0]) is not dict:
-                raise _NotStreamed("not at the start of a batch of JSON objects")
-            self._tables.ensure(key, recs, values)  # DDL in its own transaction, before the two-phase one
-            st = self._open_stream(key, pgc.Shape.of(self._tables[key], tuple(values[0]), self.kafka), recs[0])
+            if len(self._batch) != len(records) or self._txn_id is None:
+                raise _NotStreamed("not at the start of a batch")
+            shape = self._row_shape
+            if shape is not None and values[0].__class__ is shape.row_type:
+                # Decoded into the last stream's rows: its table, unless the cache was re-read since.
+                if self._tables.cached(key) is not shape.table:
+                    raise _NotStreamed("the table was re-read since its rows were decoded")
+            elif type(values[0]) is dict:
+                self._tables.ensure(key, recs, values)  # DDL in its own transaction, before the two-phase one
+                shape = pgc.Shape.of(self._tables[key], tuple(values[0]), self.kafka)
+            else:
+                raise _NotStreamed("not a batch of JSON objects")
+            st = self._open_stream(key, shape, recs[0])
         elif key != st.key:
             raise _NotStreamed("records for another table")
         done = pgc.copy_rows(st.write_row, st.shape, recs, values, self.config["auto.evolve"])
@@ -256,6 +276,7 @@ class PostgresSink(PostgresConnections, BatchingSink):
             self._rollback_tx()
             raise
         self._stream = _Stream(key, shape, closer, cp.write_row)
+        self._row_shape = shape if shape.row_type is not None else None
         return self._stream
 
     def _drop_stream(self) -> None:
@@ -264,6 +285,7 @@ class PostgresSink(PostgresConnections, BatchingSink):
         self._stream_off = True
         if st is None:
             return
+        self._row_shape = None  # rows only again after a stream that runs without a hitch
         try:
             st.closer.__exit__(_NotStreamed, _NotStreamed("abandoned"), None)  # CopyFail: the server drops the rows
         except Exception:  # noqa: BLE001 - the connection may be gone; the rollback below settles it
@@ -284,6 +306,7 @@ class PostgresSink(PostgresConnections, BatchingSink):
             st.closer.close()
         except Exception as exc:  # noqa: BLE001 - e.g. a row the server refused: written again, and named, at prepare
             log.debug("txn %s: streamed rows refused (%s); writing the batch at prepare", self._txn_id, exc)
+            self._row_shape = None
             self._rollback_tx()
             return None
         return {st.key: (records, st.values)}
@@ -313,6 +336,8 @@ class PostgresSink(PostgresConnections, BatchingSink):
         for attempt in range(1, _MAX_ATTEMPTS + 1):
             try:
                 streamed, in_tx = in_tx, False  # a retry writes the batch itself
+                if not streamed and groups is held:
+                    groups = self._tables.group(records)  # the values, not the streamed rows
                 self._prepare_once(manifest, xid, groups, streamed)
                 self.timings.write_ms += (t1 - t0) * 1000
                 return
@@ -325,6 +350,8 @@ class PostgresSink(PostgresConnections, BatchingSink):
                 if attempt == _MAX_ATTEMPTS:
                     raise self._abandon(manifest, FatalError(f"tables keep changing under the sink: {exc}", component=COMPONENT)) from exc
                 self._tables.clear()  # cached metadata is stale: re-check every table
+                if groups is held:
+                    groups = self._tables.group(records)  # the values, not the streamed rows
                 for key, (recs, values) in groups.items():
                     self._tables.ensure(key, recs, values)
             except RowRejected as rej:

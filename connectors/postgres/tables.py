@@ -21,6 +21,7 @@ import psycopg
 
 from eosink.connectors.api.errors import ConfigError, RetryableError
 from eosink.connectors.api.records import SinkRecord
+from eosink.connectors.api.rows import row_of
 from eosink.connectors.postgres import copy as pgc
 from eosink.connectors.postgres import rejects as pgr
 from eosink.connectors.postgres import schema as pgs
@@ -55,6 +56,8 @@ class TableCache:
         self.pk_fields: list[str] = list(settings.pk_fields)
         self.deletes = settings.delete_enabled
         self.filter = settings.filter
+        #: A row's values are the record's value itself (no field filter, no key or coordinate fields).
+        self.plain = self.filter is None and self.pk_mode not in ("record_key", "kafka")
         self.relkinds = settings.relkinds
         self._kept: dict[str, frozenset[str]] = {}  # per topic: the field names the filter keeps or drops
         self._run = run
@@ -66,6 +69,10 @@ class TableCache:
 
     def clear(self) -> None:
         self._tables.clear()
+
+    def cached(self, key: TableKey) -> pgs.Table | None:
+        """The table as last read, None if it has not been (or was cleared since)."""
+        return self._tables.get(key)
 
     def known(self) -> list[TableKey]:
         """Every target table named so far (resolved from a topic), whether or not it exists."""
@@ -86,8 +93,10 @@ class TableCache:
             self._names[topic] = key
         return key
 
-    def group(self, records: list[SinkRecord]) -> Groups:
-        """Records per target table (one topic - the common case - costs one set() pass)."""
+    def group(self, records: list[SinkRecord], *, rows: bool = False) -> Groups:
+        """Records per target table (one topic - the common case - costs one set() pass). ``rows``: a
+        :class:`~eosink.connectors.api.rows.RowRecord` gives its row, not its value (the streamed COPY
+        takes it as it is; only when the values are the records' own, no filter or key fields)."""
         if not records:
             return {}
         by_table: dict[TableKey, list[SinkRecord]] = {}
@@ -97,9 +106,8 @@ class TableCache:
             for r in records:
                 by_table.setdefault(self.key_for(r.topic), []).append(r)
         out: Groups = {}
-        plain = self.filter is None and self.pk_mode not in ("record_key", "kafka")
         for key, recs in by_table.items():
-            values = list(map(attrgetter("value"), recs)) if plain else [self._value(r) for r in recs]
+            values = list(map(row_of if rows else attrgetter("value"), recs)) if self.plain else [self._value(r) for r in recs]
             out[key] = (recs, values)
         return out
 

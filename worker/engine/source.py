@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from eosink.connectors.api.errors import FatalError, RecordError, RetryableError
 from eosink.connectors.api.records import UNDECODED, LazyJsonRecord, SinkRecord, TopicPartition
+from eosink.connectors.api.rows import RowRecord
 from eosink.connectors.common import jsoncodec
 from eosink.worker.engine.kafka_errors import ConnectionWatch, authorization_error
 
@@ -64,10 +65,11 @@ class Batch:
 class RecordSource(Protocol):
     """Where a task's records come from.
 
-    A source may also offer ``poll_batch(..., min_s=..., on_chunk=...)`` and say so with a true
-    ``incremental`` attribute (:class:`KafkaSource` does; the in-memory sources of the model tests
+    A source may also offer ``poll_batch(..., min_s=..., on_chunk=..., rows=...)`` and say so with a
+    true ``incremental`` attribute (:class:`KafkaSource` does; the in-memory sources of the model tests
     need not): ``min_s`` ends a poll early once it has read everything available and is that old,
-    and ``on_chunk`` receives the batch's records in slices while it is still being read.
+    ``on_chunk`` receives the batch's records in slices while it is still being read, and ``rows``
+    is a sink's row decoder (:class:`eosink.connectors.api.rows.RowDecoding`), which it may use.
     """
 
     def assign(self, positions: Mapping[TopicPartition, int | None]) -> None:
@@ -354,23 +356,28 @@ class KafkaSource:
         return RetryableError(f"consumer error from Kafka at {self.bootstrap}: {err}", component="kafka-consumer")
 
     def poll_batch(self, max_records: int, max_bytes: int, timeout_s: float, *, min_s: float | None = None,
-                   on_chunk: Callable[[list[SinkRecord]], None] | None = None) -> Batch:
+                   on_chunk: Callable[[list[SinkRecord]], None] | None = None,
+                   rows: Callable[[], Callable[[bytes], Any] | None] | None = None) -> Batch:
         """Read up to ``max_records`` / ``max_bytes`` for at most ``timeout_s``.
 
         ``min_s``: return as soon as everything available has been read (:meth:`caught_up`) and the
         poll is at least this old - waiting out ``timeout_s`` for records that do not come only
         delays them. ``on_chunk``: called with each slice of the batch's records (in order, every
-        record once) as they are decoded, so a sink can start writing while the rest is read."""
+        record once) as they are decoded, so a sink can start writing while the rest is read. ``rows``:
+        the only sink's ``row_decoder`` (:class:`eosink.connectors.api.rows.RowDecoding`), asked once
+        per fetched slice; a JSON value it decodes becomes a :class:`RowRecord`, any other is decoded
+        by the converter as without it."""
         _pause_gc()
         try:
-            batch = self._poll_batch(max_records, max_bytes, timeout_s, min_s, on_chunk)
+            batch = self._poll_batch(max_records, max_bytes, timeout_s, min_s, on_chunk, rows)
             batch.fresh = True  # every record in it was decoded anew, for this batch alone
             return batch
         finally:
             _resume_gc()
 
     def _poll_batch(self, max_records: int, max_bytes: int, timeout_s: float, min_s: float | None = None,
-                    on_chunk: Callable[[list[SinkRecord]], None] | None = None) -> Batch:
+                    on_chunk: Callable[[list[SinkRecord]], None] | None = None,
+                    rows: Callable[[], Callable[[bytes], Any] | None] | None = None) -> Batch:
         from confluent_kafka import KafkaError
 
         if self._commit_refused is not None:
@@ -379,6 +386,9 @@ class KafkaSource:
         out = batch.records
         append = out.append
         decode, decode_key, keep_raw = self.decode, self.decode_key, self.keep_raw
+        if not keep_raw or decode is not _json:
+            rows = None  # a row stands for the value only where the value is the JSON of raw_value
+        row = None
         started = time.monotonic()
         deadline = started + timeout_s
         early = started + min_s if min_s is not None and min_s < timeout_s else None
@@ -410,6 +420,8 @@ class KafkaSource:
                     self.first_record_at = time.monotonic()
                 elif not msgs:
                     self._raise_refusals()
+            if rows is not None:
+                row = rows()
             for i, m in enumerate(msgs):
                 err = m.error()
                 if err is not None:
@@ -423,8 +435,16 @@ class KafkaSource:
                 raw = m.value()
                 key = m.key()
                 what = "value"
+                typed = False
                 try:
-                    value = decode(raw)
+                    if row is not None:
+                        try:
+                            value = row(raw)
+                            typed = True
+                        except (ValueError, TypeError):  # not exactly the row: the converter decides, as without it
+                            value = decode(raw)
+                    else:
+                        value = decode(raw)
                     if decode_key is not None:
                         what = "key"
                         key = decode_key(key)
@@ -444,12 +464,16 @@ class KafkaSource:
                     self._pending = []
                     batch.error = error
                     break
-                headers = m.headers()
-                record = SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw if keep_raw else None,
-                                    tuple(headers) if headers else (), m.timestamp()[1])
-                if value is UNDECODED:
-                    record.__class__ = LazyJsonRecord  # (quicker than its constructor's value setter)
-                append(record)
+                if typed or value is UNDECODED:
+                    # The value slot holds the row or UNDECODED, the headers slot the message: both are
+                    # converted only if read (see DeferredRecord).
+                    rec = SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw, m, m.timestamp()[1])
+                    rec.__class__ = RowRecord if typed else LazyJsonRecord
+                else:
+                    headers = m.headers()
+                    rec = SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw if keep_raw else None,
+                                     tuple(headers) if headers else (), m.timestamp()[1])
+                append(rec)
                 if raw is not None:
                     nbytes += len(raw)
                 if len(out) >= max_records or nbytes >= max_bytes:

@@ -354,8 +354,13 @@ class SinkTask:
         s = self.settings
         if not incremental:
             return self.source.poll_batch(s.max_records, s.max_bytes, flush_s)
+        if not stream:
+            return self.source.poll_batch(s.max_records, s.max_bytes, flush_s,  # type: ignore[call-arg]
+                                          min_s=s.commit_min_interval_s)
+        # A sink that takes the records alone, untransformed, may have them decoded into its rows.
+        rows = getattr(self.fanout.sinks[0], "row_decoder", None) if len(self.fanout.sinks) == 1 else None
         return self.source.poll_batch(s.max_records, s.max_bytes, flush_s,  # type: ignore[call-arg]
-                                      min_s=s.commit_min_interval_s, on_chunk=self.fanout.write if stream else None)
+                                      min_s=s.commit_min_interval_s, on_chunk=self.fanout.write, rows=rows)
 
     def _decide(self, txn_id: str, next_offsets: dict[TopicPartition, int]) -> CycleResult | None:
         """The single commit point. None when the txn is decided (the grants then hold the decision);
