@@ -87,27 +87,6 @@ def test_sinks_that_copy_bytes_write_the_same_bytes_for_lazy_records_without_dec
     assert jsonlines.values(mixed, "test") == VALUES[0] + b"\n" + VALUES[1] + b'\n"a scalar"\n'
 
 
-def test_headers_stay_the_consumers_message_until_read_and_then_read_as_the_plain_records() -> None:
-    """Deferred too (DeferredRecord): the S3 and HTTP bodies never read them; the filesystem's id does."""
-    from confluent_kafka import Message
-
-    from eosink.connectors.api.records import _get_headers
-
-    def with_message(offset: int, raw: bytes) -> SinkRecord:
-        m = Message(topic="t", partition=0, offset=offset, value=raw, headers=[("eosink.id", b"job/run/0/%d" % offset)])
-        r = SinkRecord("t", 0, offset, b"k", UNDECODED, raw, m, 1)  # type: ignore[arg-type]
-        r.__class__ = LazyJsonRecord
-        return r
-
-    recs = [with_message(i, raw) for i, raw in enumerate(VALUES)]
-    jsonlines.values(recs, "test")
-    assert all(_get_headers(r).__class__ is Message for r in recs), "a body without ids converted the headers"
-    lines = jsonlines.envelopes(recs, "test").splitlines()
-    assert [json.loads(line)["id"] for line in lines] == ["job/run/0/0", "job/run/0/1", "job/run/0/2"]
-    assert all(r.__class__ is LazyJsonRecord for r in recs)  # headers read, value still not
-    assert recs[0] == decoded(0, VALUES[0], (("eosink.id", b"job/run/0/0"),))
-
-
 def test_a_pretty_printed_lazy_value_is_still_written_on_one_line() -> None:
     raw = b'{\n  "id": 1,\n  "s": "\\u00e9"\n}'
     line = jsonlines.envelopes([lazy(0, raw)], "test")

@@ -53,15 +53,24 @@ class SinkRecord:
         return TopicPartition(self.topic, self.partition)
 
     def header(self, name: str) -> str | None:
-        for k, v in self.headers:
-            if k == name:
-                return v.decode() if isinstance(v, bytes) else v
-        return None
+        return header_in(self.headers, name)
 
     @property
     def record_id(self) -> str:
         """Stable id: the publisher's id header, else topic/partition/offset."""
-        return self.header(ID_HEADER) or f"{self.topic}/{self.partition}/{self.offset}"
+        return self.id_with(self.headers)
+
+    def id_with(self, headers: Sequence[tuple[str, bytes]]) -> str:
+        """:attr:`record_id` from ``headers`` already read (each read of a deferred record's is a call)."""
+        return header_in(headers, ID_HEADER) or f"{self.topic}/{self.partition}/{self.offset}"
+
+
+def header_in(headers: Sequence[tuple[str, bytes]], name: str) -> str | None:
+    """The first header called ``name``, as text."""
+    for k, v in headers:
+        if k == name:
+            return v.decode() if isinstance(v, bytes) else v
+    return None
 
 
 #: The ``value`` a :class:`LazyJsonRecord` holds until something reads it.
@@ -70,12 +79,15 @@ _value_slot = SinkRecord.__dict__["value"]  # the slots' own descriptors, under 
 _get_value, _set_value = _value_slot.__get__, _value_slot.__set__
 _headers_slot = SinkRecord.__dict__["headers"]
 _get_headers, _set_headers = _headers_slot.__get__, _headers_slot.__set__
+#: ``headers_slot(record)``: what the record's headers slot holds (the consumer's message, for a
+#: record that defers them), nothing converted.
+headers_slot: Callable[[SinkRecord], Any] = _get_headers
 #: ``value_slot(record)``: what the record's value slot holds - for a :class:`DeferredRecord`, the sink's
 #: row or ``UNDECODED``, nothing decoded; the descriptor's own getter, mapped over a batch at C speed.
 value_slot: Callable[[SinkRecord], Any] = _get_value
 
 
-def _settled_headers(r: SinkRecord) -> tuple[tuple[str, bytes], ...]:
+def settled_headers(r: SinkRecord) -> tuple[tuple[str, bytes], ...]:
     """The record's headers, converted from the consumer's message its slot holds if not yet."""
     h = _get_headers(r)
     if h.__class__ is Message:
@@ -86,17 +98,16 @@ def _settled_headers(r: SinkRecord) -> tuple[tuple[str, bytes], ...]:
 
 
 class DeferredRecord(SinkRecord):
-    """A record read from Kafka whose value and headers are built only if something reads them.
+    """A record read from Kafka whose value is built only if something reads it.
 
-    Decoding a JSON value is the largest single cost of reading a record, and converting
-    librdkafka's headers into ``(str, bytes)`` pairs, keeping and freeing them costs ~0.7 us more for
-    the outbox's two: a sink that needs neither in full gets records whose value slot holds what it
-    asked for instead (a subclass says what), and whose headers slot holds the consumer's message
-    (which owns its own copy of them) until ``headers`` is read. In every other respect it is the
-    plain record: reading ``value`` decodes ``raw_value`` as the connector's converter would
-    (``value.converter=json`` without schemas, the only converter this is used with) and makes it a
-    plain :class:`SinkRecord` holding the value, as does assigning a value; equality, ``repr``,
-    copies and pickles are those of the plain record with the value decoded.
+    Decoding a JSON value is the largest single cost of reading a record: a sink that does not need
+    it in full gets records whose value slot holds what it asked for instead (a subclass says what;
+    :class:`eosink.connectors.api.rows.RowRecord` also defers its headers, whose slot then holds the
+    consumer's message). In every other respect it is the plain record: reading ``value`` decodes
+    ``raw_value`` as the connector's converter would (``value.converter=json`` without schemas, the
+    only converter this is used with) and makes it a plain :class:`SinkRecord` holding the value (its
+    headers converted), as does assigning a value; equality, ``repr``, copies and pickles are those
+    of the plain record with the value decoded.
     """
 
     __slots__ = ()
@@ -113,18 +124,10 @@ class DeferredRecord(SinkRecord):
         _set_value(self, v)
         self._plain()
 
-    @property
-    def headers(self) -> tuple[tuple[str, bytes], ...]:
-        return _settled_headers(self)
-
-    @headers.setter
-    def headers(self, h: tuple[tuple[str, bytes], ...]) -> None:
-        _set_headers(self, h)
-
     def _plain(self) -> None:
         """Become the plain record (the value slot holds the value now): headers converted first."""
         try:
-            _settled_headers(self)
+            settled_headers(self)
         except AttributeError:
             pass  # being constructed (``dataclasses.replace``): its headers are assigned next
         self.__class__ = SinkRecord  # type: ignore[assignment]

@@ -24,7 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from eosink.connectors.api.records import DeferredRecord, SinkRecord, value_slot
+from eosink.connectors.api.records import DeferredRecord, SinkRecord, settled_headers, value_slot
+
+_set_headers = SinkRecord.__dict__["headers"].__set__  # the slot's own, under RowRecord's property
 
 
 class RowRecord(DeferredRecord):
@@ -32,6 +34,14 @@ class RowRecord(DeferredRecord):
     slot may hold the consumer's message until the headers are read (see the module)."""
 
     __slots__ = ()
+
+    @property
+    def headers(self) -> tuple[tuple[str, bytes], ...]:
+        return settled_headers(self)
+
+    @headers.setter
+    def headers(self, h: tuple[tuple[str, bytes], ...]) -> None:
+        _set_headers(self, h)
 
 
 #: ``row_of(record)``: the typed row a :class:`RowRecord` holds, else the record's ``value`` (the slot

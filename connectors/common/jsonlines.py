@@ -89,8 +89,9 @@ def envelopes(records: Sequence[SinkRecord], component: str) -> bytes:
             value = json_document(r, component=component, needs=NEEDS_JSON)
         elif nl in value:
             value = one_line(value)
-        if r.headers:
-            append(line % (t[0], r.partition, r.offset, key, esc(r.record_id).encode(), value))
+        headers = r.headers  # (read once: a deferred record's are converted by a call)
+        if headers:
+            append(line % (t[0], r.partition, r.offset, key, esc(r.id_with(headers)).encode(), value))
         else:
             p, o = r.partition, r.offset
             append(line_tpo % (t[0], p, o, key, t[1], p, o, value))

@@ -464,15 +464,17 @@ class KafkaSource:
                     self._pending = []
                     batch.error = error
                     break
-                if typed or value is UNDECODED:
-                    # The value slot holds the row or UNDECODED, the headers slot the message: both are
-                    # converted only if read (see DeferredRecord).
+                if typed:  # the value slot holds the row, the headers slot the message (RowRecord converts them if read)
                     rec = SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw, m, m.timestamp()[1])
-                    rec.__class__ = RowRecord if typed else LazyJsonRecord
+                    rec.__class__ = RowRecord
                 else:
                     headers = m.headers()
                     rec = SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw if keep_raw else None,
                                      tuple(headers) if headers else (), m.timestamp()[1])
+                    if value is UNDECODED:
+                        # (Headers converted: the filesystem sink reads every record's, and a property
+                        # reading them costs the envelope more than the conversion saves.)
+                        rec.__class__ = LazyJsonRecord
                 append(rec)
                 if raw is not None:
                     nbytes += len(raw)
