@@ -281,6 +281,7 @@ def run_ceiling(bootstrap: str, topic: str, tps: list[TopicPartition], n: int, t
             polls += 1
             if keep:
                 kept.append(batch.records)
+            del batch  # dropped before the next poll, as a worker's cycle drops its batch when it ends
             if time.perf_counter() - t0 > timeout_s:
                 raise RuntimeError(f"ceiling: only {records:,} of {n:,} records after {timeout_s:.0f}s")
         elapsed, cpu = time.perf_counter() - t0, cpu_self() - c0

@@ -206,3 +206,24 @@ def test_on_chunk_receives_every_record_once_in_order(stack, make_topic, unique,
     assert [r.value["id"] for r in batch.records] == list(range(40))
     assert [i for c in chunks for i in c] == list(range(40))
     assert len(chunks) > 1
+
+
+def test_the_next_poll_frees_the_last_batch_but_never_edits_the_list_a_caller_holds(stack, make_topic, unique):
+    """The source keeps its own list of the last batch's records and empties it while the next batch
+    is decoded (the freed memory is reused at once); the records and the list the caller got stay as
+    they were for as long as the caller holds them."""
+    topic = make_topic()
+    produce(stack.kafka_bootstrap, topic, [(0, json.dumps({"id": i}).encode()) for i in range(60)])
+    src = KafkaSource(unique, stack.kafka_bootstrap, value_converter="json", fetch_batch=10)
+    try:
+        src.assign({TopicPartition(topic, 0): 0})
+        first = src.poll_batch(30, 10_000_000, 20.0, min_s=0.0)
+        assert [r.value["id"] for r in first.records] == list(range(30))
+        second = src.poll_batch(30, 10_000_000, 20.0, min_s=0.0)
+        assert [r.value["id"] for r in first.records] == list(range(30)), "the caller's batch was edited"
+        assert [r.value["id"] for r in second.records] == list(range(30, 60))
+        assert [id(r) for r in src._last] == [id(r) for r in second.records]  # only the last batch is kept
+        src.assign({TopicPartition(topic, 0): 60})
+        assert src._last == []  # a new assignment lets it go at once
+    finally:
+        src.close()
