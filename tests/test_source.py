@@ -13,7 +13,7 @@ import pytest
 
 from eosink.connectors.api.errors import RecordError
 from eosink.connectors.api.records import LazyJsonRecord, SinkRecord, TopicPartition
-from eosink.worker.engine import source
+from eosink.worker.engine import gcpause, source
 from eosink.worker.engine.source import KafkaSource
 from tests.restkit import produce
 
@@ -32,12 +32,12 @@ def collector_on():
 
 
 def test_gc_pause_is_counted_so_the_collector_comes_back_only_after_the_last_holder(collector_on):
-    source._pause_gc()
-    source._pause_gc()
+    gcpause.pause()
+    gcpause.pause()
     assert not gc.isenabled()
-    source._resume_gc()
+    gcpause.resume()
     assert not gc.isenabled()
-    source._resume_gc()
+    gcpause.resume()
     assert gc.isenabled()
 
 
@@ -45,12 +45,12 @@ def test_overlapping_gc_pauses_still_collect_cyclic_garbage(collector_on, monkey
     """Task threads whose cycles overlap keep the collector paused between them; once it has been
     off longer than GC_MAX_PAUSE_S, the next pause collects, so reference cycles made meanwhile by
     other threads do not pile up for as long as the worker is busy."""
-    monkeypatch.setattr(source, "GC_MAX_PAUSE_S", 0.0)
-    with source.gc_paused():  # task A's cycle
+    monkeypatch.setattr(gcpause, "GC_MAX_PAUSE_S", 0.0)
+    with gcpause.paused():  # task A's cycle
         for _ in range(500):
             _Cycle()  # garbage with a reference cycle: only the collector frees it
         assert any(isinstance(o, _Cycle) for o in gc.get_objects())
-        with source.gc_paused():  # task B's cycle begins before A's ends: one collection first
+        with gcpause.paused():  # task B's cycle begins before A's ends: one collection first
             assert not any(isinstance(o, _Cycle) for o in gc.get_objects())
             assert not gc.isenabled()
     assert gc.isenabled()

@@ -79,9 +79,6 @@ _value_slot = SinkRecord.__dict__["value"]  # the slots' own descriptors, under 
 _get_value, _set_value = _value_slot.__get__, _value_slot.__set__
 _headers_slot = SinkRecord.__dict__["headers"]
 _get_headers, _set_headers = _headers_slot.__get__, _headers_slot.__set__
-#: ``headers_slot(record)``: what the record's headers slot holds (the consumer's message, for a
-#: record that defers them), nothing converted.
-headers_slot: Callable[[SinkRecord], Any] = _get_headers
 #: ``value_slot(record)``: what the record's value slot holds - for a :class:`DeferredRecord`, the sink's
 #: row or ``UNDECODED``, nothing decoded; the descriptor's own getter, mapped over a batch at C speed.
 value_slot: Callable[[SinkRecord], Any] = _get_value

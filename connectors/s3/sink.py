@@ -70,7 +70,7 @@ class S3Sink(TwoPhaseCommitSink):
         self._bucket: Bucket | None = None
         self._txns: MultipartTxns | None = None
         self._txn_id: str | None = None
-        self._staged = Staging(self.format == "jsonl")
+        self._staged = self._new_staging()
 
     # -- lifecycle --------------------------------------------------------------------------
     def open(self) -> None:
@@ -144,14 +144,17 @@ class S3Sink(TwoPhaseCommitSink):
     # -- the two phases ---------------------------------------------------------------------
     def begin_transaction(self, txn_id: str) -> None:
         self._txn_id = txn_id
-        self._staged = Staging(self.format == "jsonl")
+        self._staged = self._new_staging()
+
+    def _new_staging(self) -> Staging:
+        return Staging(jsonl=self.format == "jsonl")
 
     def write(self, records: Sequence[SinkRecord]) -> None:
         """Stage a slice of the batch: grouped by partition and, for ``jsonl``, encoded now."""
         self._staged.add(records)
 
     def pre_commit(self, manifest: TxnManifest) -> None:
-        staged, self._staged = self._staged, Staging(self.format == "jsonl")
+        staged, self._staged = self._staged, self._new_staging()
         covered = {r.tp for r in manifest.ranges}
         for tp, first in staged.firsts().items():
             if tp not in covered:
@@ -172,7 +175,7 @@ class S3Sink(TwoPhaseCommitSink):
 
     def abort(self, txn_id: str) -> None:
         if self._txn_id == txn_id:
-            self._staged = Staging(self.format == "jsonl")
+            self._staged = self._new_staging()
         self.txns.abort(txn_id)
 
     def recover(self) -> list[TxnManifest]:

@@ -6,18 +6,17 @@ can drive the same commit cycle from an in-memory source.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from eosink.connectors.api.errors import FatalError, RecordError, RetryableError
 from eosink.connectors.api.records import UNDECODED, LazyJsonRecord, SinkRecord, TopicPartition
 from eosink.connectors.api.rows import RowRecord
-from eosink.connectors.common import jsoncodec
+from eosink.worker.engine import gcpause
+from eosink.worker.engine.converters import CONVERTERS, converter, json_checked, json_value
 from eosink.worker.engine.kafka_errors import ConnectionWatch, authorization_error
 
 #: A cycle carries at most this many failed records (they are listed in one ZooKeeper znode).
@@ -84,53 +83,6 @@ class RecordSource(Protocol):
     def close(self) -> None: ...
 
 
-#: ``json.loads(raw)`` - same value, same refusal - natively where msgspec agrees (``None`` is a tombstone).
-_json = jsoncodec.decode_value
-
-
-_is_json_container = jsoncodec.is_json_container
-
-
-def _json_checked(raw: bytes | None) -> Any:
-    """``value.converter=json`` for sinks that copy JSON objects' and arrays' bytes: such a value is
-    checked (:func:`~eosink.connectors.common.jsoncodec.is_json_container`) and left undecoded
-    (``UNDECODED``: the record is then a :class:`LazyJsonRecord`); anything else is decoded, so every
-    refusal is the decoder's own."""
-    if raw.__class__ is bytes and _is_json_container(raw):
-        return UNDECODED
-    return _json(raw)
-
-
-def _string(raw: bytes | None) -> Any:
-    return None if raw is None else raw.decode("utf-8")
-
-
-def _bytes(raw: bytes | None) -> Any:
-    return raw
-
-
-CONVERTERS: dict[str, Callable[[bytes | None], Any]] = {"json": _json, "string": _string, "bytes": _bytes}
-
-
-def _unwrap_envelope(raw: bytes | None) -> Any:
-    """JSON with ``schemas.enable=true``: Kafka Connect's ``{"schema": ..., "payload": ...}`` envelope,
-    whose payload is the value (the schema is Connect's to describe it; sinks map JSON types themselves)."""
-    doc = _json(raw)
-    if doc is None:
-        return None
-    if type(doc) is not dict or "payload" not in doc or "schema" not in doc:
-        raise ValueError("not Kafka Connect's {\"schema\": ..., \"payload\": ...} envelope, which "
-                         "value.converter.schemas.enable=true expects")
-    return doc["payload"]
-
-
-def converter(name: str, *, schemas_enable: bool = False) -> Callable[[bytes | None], Any]:
-    """The decode function of a converter alias (``json``, ``string``, ``bytes``)."""
-    if schemas_enable and name == "json":
-        return _unwrap_envelope
-    return CONVERTERS[name]
-
-
 #: What a connector's consumer overrides may not change: these keep read_committed delivery and the
 #: decision log's ownership of offsets (registration refuses them too; this is the second line).
 #: ``enable.partition.eof`` is on so the source knows when it has read everything available (see
@@ -139,65 +91,6 @@ PINNED = {"isolation.level": "read_committed", "enable.auto.commit": False, "ena
           "enable.partition.eof": True}
 #: ``on_chunk`` receives the records decoded so far once at least this many are waiting.
 CHUNK_RECORDS = 20_000
-
-_gc_lock = threading.Lock()
-_gc_holders = 0
-_gc_disabled_here = False
-_gc_paused_since = 0.0
-#: Several task threads whose pauses overlap could keep the collector off indefinitely, and the
-#: cycles other threads make (REST requests, ZooKeeper callbacks, sink clients) would pile up: once
-#: it has been off this long, the next pause runs one collection first.
-GC_MAX_PAUSE_S = 10.0
-
-
-def _pause_gc() -> None:
-    """Pause the cyclic garbage collector while a batch is built (paired with :func:`_resume_gc`).
-
-    A batch is up to ``max_records`` freshly allocated containers (a ``SinkRecord`` and the decoded
-    value's dicts per record) that all survive the batch: with the collector on, its generation
-    thresholds (700 allocations) keep re-scanning that growing young heap, and the full collections
-    it provokes rescan everything alive - measured at ~40% of a poll of 200-byte JSON records.
-    Building a batch creates no reference cycle, so pausing leaks nothing: reference counting still
-    frees everything; the collector runs again as soon as the last concurrent poll (one per task
-    thread) is done, and collects whatever cycles other threads made meanwhile.
-    """
-    global _gc_holders, _gc_disabled_here, _gc_paused_since
-    with _gc_lock:
-        now = time.monotonic()
-        if _gc_holders == 0:
-            _gc_disabled_here = gc.isenabled()
-            if _gc_disabled_here:
-                gc.disable()
-                _gc_paused_since = now
-        elif _gc_disabled_here and now - _gc_paused_since > GC_MAX_PAUSE_S:
-            gc.collect()  # off for too long under overlapping pauses: collect once, stay paused
-            _gc_paused_since = time.monotonic()
-        _gc_holders += 1
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """The collector paused for a block (nested and concurrent uses count; see :func:`_pause_gc`).
-
-    The task holds it for a whole cycle: the batch - hundreds of thousands of containers - is
-    created by the poll and freed by reference counting when the cycle ends, so a collection in
-    between (the first allocation after the poll would start one) would only walk it for nothing.
-    Whatever cycles the sinks' clients create meanwhile are collected right after the cycle."""
-    _pause_gc()
-    try:
-        yield
-    finally:
-        _resume_gc()
-
-
-def _resume_gc() -> None:
-    global _gc_holders, _gc_disabled_here
-    with _gc_lock:
-        _gc_holders -= 1
-        if _gc_holders == 0 and _gc_disabled_here:
-            _gc_disabled_here = False
-            gc.enable()
-
 
 class KafkaSource:
     """A confluent-kafka consumer with a manual assignment (ZooKeeper assigns, not the group).
@@ -290,7 +183,7 @@ class KafkaSource:
         transforms. True when it applies (``value.converter=json`` without ``schemas.enable``)."""
         if self.converter != "json" or not self.keep_raw:
             return False
-        self.decode = _json_checked
+        self.decode = json_checked
         return True
 
     def caught_up(self) -> bool:
@@ -370,13 +263,13 @@ class KafkaSource:
         the only sink's ``row_decoder`` (:class:`eosink.connectors.api.rows.RowDecoding`), asked once
         per fetched slice; a JSON value it decodes becomes a :class:`RowRecord`, any other is decoded
         by the converter as without it."""
-        _pause_gc()
+        gcpause.pause()
         try:
             batch = self._poll_batch(max_records, max_bytes, timeout_s, min_s, on_chunk, rows)
             batch.fresh = True  # every record in it was decoded anew, for this batch alone
             return batch
         finally:
-            _resume_gc()
+            gcpause.resume()
 
     def _poll_batch(self, max_records: int, max_bytes: int, timeout_s: float, min_s: float | None = None,
                     on_chunk: Callable[[list[SinkRecord]], None] | None = None,
@@ -390,7 +283,7 @@ class KafkaSource:
         append = out.append
         last = self._last
         decode, decode_key, keep_raw = self.decode, self.decode_key, self.keep_raw
-        if not keep_raw or decode is not _json:
+        if not keep_raw or decode is not json_value:
             rows = None  # a row stands for the value only where the value is the JSON of raw_value
         row = None
         started = time.monotonic()

@@ -27,13 +27,13 @@ from eosink.connectors.api.errors import CommitStateUnknownError, EosinkError, F
 from eosink.connectors.api.records import TopicPartition, TxnManifest
 from eosink.connectors.api.sink import TwoPhaseCommitSink
 from eosink.worker import metrics
-from eosink.worker.engine import snapshot
+from eosink.worker.engine import gcpause, snapshot
 from eosink.worker.engine.decision import DecisionLog, Grant, PartitionsFenced, Settlement, settle_unknown
 from eosink.worker.engine.fanout import SinkFanout
 from eosink.worker.engine.faults import FAULTS
 from eosink.worker.engine.ranges import check_not_behind, txn_ranges
 from eosink.worker.engine.recovery import recover
-from eosink.worker.engine.source import Batch, RecordSource, gc_paused
+from eosink.worker.engine.source import Batch, RecordSource
 from eosink.worker.engine.tolerance import RetryTimeout, Tolerance
 from eosink.worker.engine.types import (
     Backoff,
@@ -276,7 +276,7 @@ class SinkTask:
                 self._position()
             if not self.active_partitions():
                 return CycleResult(CycleOutcome.EMPTY)
-            with gc_paused():  # a batch is born and dies within its cycle: no collector pass over it
+            with gcpause.paused():  # a batch is born and dies within its cycle: no collector pass over it
                 result = self._cycle()
                 while result.redo:  # one more rejected record is known now: deliver the rest without it
                     result = self._cycle()
