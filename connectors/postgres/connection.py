@@ -46,6 +46,30 @@ class PostgresConnections:
         """The target tables this sink has written or resolved so far (for naming a missing grant)."""
         return []
 
+    def _rollback_tx(self) -> None:
+        """End a failed two-phase transaction on ``_tx``; drop the connection if in doubt.
+
+        After ``PREPARE TRANSACTION`` was sent, psycopg's ``tpc_rollback()`` would issue
+        ROLLBACK PREPARED for the GID - which, if the failure was "GID already in use", would
+        roll back somebody else's prepared transaction. Closing the connection instead rolls back
+        only what is not prepared.
+        """
+        conn, state = self._tx, self._tx_state
+        self._tx_state = "idle"
+        if conn is None or state == "idle":
+            return
+        if state == "active" and not (conn.broken or conn.closed):
+            try:
+                conn.tpc_rollback()
+                return
+            except psycopg.Error:
+                pass
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001 - already broken
+            pass
+        self._tx = None
+
     def _connect(self, autocommit: bool) -> psycopg.Connection[Any]:
         url = self.config["connection.url"]
         kwargs: dict[str, Any] = {"autocommit": autocommit, "application_name": f"eosink/{self.connector}"[:63]}

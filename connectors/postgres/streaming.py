@@ -1,0 +1,172 @@
+"""The PostgreSQL sink's insert mode: each ``write`` COPYed into the open two-phase transaction.
+
+The engine hands a sink its batch in slices while it is still reading the rest: PostgreSQL parses
+and stores the rows on its own core meanwhile, and the prepare (:mod:`eosink.connectors.postgres.sink`)
+only adds the manifest, the fence and the proof of commit before PREPARE. Any record the stream
+cannot take ends it, and the prepare writes the whole batch as it would without streaming. Once a
+stream has run without a hitch, the sink offers the engine a row type for its table's columns
+(:meth:`StreamingCopy.row_decoder`), and records come decoded straight into those rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg import Xid
+
+from eosink.connectors.api.records import SinkRecord
+from eosink.connectors.api.sink import BatchingSink
+from eosink.connectors.postgres import copy as pgc
+from eosink.connectors.postgres.connection import PostgresConnections
+from eosink.connectors.postgres.tables import Groups, TableCache, TableKey
+
+log = logging.getLogger("eosink.connectors.postgres.sink")
+
+
+@dataclass(slots=True)
+class _Stream:
+    """The COPY of the open transaction, fed by every ``write`` of the cycle (see :meth:`StreamingCopy.write`)."""
+
+    key: TableKey
+    shape: pgc.Shape
+    closer: contextlib.ExitStack
+    write_row: Callable[[tuple[Any, ...]], None]
+    #: The values of the rows written, in order (the prepare's groups, without building them again): a
+    #: slice that does not fit whole ends the stream, so there is a row for each of them.
+    values: list[Any] = field(default_factory=list)
+
+
+class _NotStreamed(Exception):
+    """These records cannot join the open COPY: the prepare writes the whole batch itself."""
+
+
+class StreamingCopy(PostgresConnections, BatchingSink):
+    """The streaming half of :class:`~eosink.connectors.postgres.sink.PostgresSink`, whose ``__init__``
+    sets the attributes declared here."""
+
+    _tables: TableCache
+    kafka: bool
+    #: Insert mode without deletes streams; the rest writes at prepare.
+    _streams: bool
+    _stream: _Stream | None
+    _stream_off: bool  # this txn's batch is written at prepare (not streamed, or given up)
+    _row_shape: pgc.Shape | None
+    _xid: Callable[[str], Xid]
+
+    def row_decoder(self) -> Callable[[bytes], Any] | None:
+        """Decode JSON values straight into the streamed COPY's rows (see
+        :class:`eosink.connectors.api.rows.RowDecoding`): the row type of the last stream's shape,
+        which takes exactly the records that shape's COPY takes without a type check; any other
+        record keeps its dict, and is written or refused as ever. None until such a stream ran."""
+        shape = self._row_shape
+        return shape.decode if shape is not None and self._streams and self._tables.plain else None
+
+    def write(self, records: Sequence[SinkRecord]) -> None:
+        """Stage ``records`` and, in insert mode, COPY them into the transaction right away.
+
+        The engine calls ``write`` with slices of the batch while it is still reading the rest
+        (``eosink.worker.engine.source``): PostgreSQL parses and stores rows on its own core while
+        this process polls and decodes the next ones, instead of idling until the prepare. The
+        transaction stays open and unprepared until :meth:`pre_commit`, which adds the manifest,
+        the fence and the proof of commit and prepares, exactly as when the batch is written there.
+
+        Streaming is an optimisation, never a different outcome: any record it cannot take as it
+        is (another table or shape, a field the table lacks, a value of the wrong type, a row the
+        server refuses, a lost connection) ends it; the transaction is rolled back and the prepare
+        writes the whole batch itself - with the usual DDL, retries and errors naming the record.
+        While streaming, the open transaction holds the target table's ROW EXCLUSIVE lock for the
+        whole cycle, not only from the prepare: another worker's auto.evolve waits for it (at most
+        ``lock.timeout.ms``, then retries); this sink never runs DDL while its own stream is open.
+        """
+        super().write(records)
+        if self._stream_off or not records:
+            return
+        try:
+            self._stream_rows(list(records))
+        except Exception as exc:  # noqa: BLE001 - the prepare writes the batch and reports what is wrong
+            log.debug("txn %s: rows written at prepare instead of streamed (%s: %s)", self._txn_id,
+                      type(exc).__name__, exc)
+            self._drop_stream()
+
+    def _stream_rows(self, records: list[SinkRecord]) -> None:
+        groups = self._tables.group(records, rows=True)  # a RowRecord's row, not its value (not decoded)
+        if len(groups) != 1:
+            raise _NotStreamed("records for several tables")
+        [(key, (recs, values))] = groups.items()
+        st = self._stream
+        if st is None:
+            if len(self._batch) != len(records) or self._txn_id is None:
+                raise _NotStreamed("not at the start of a batch")
+            shape = self._row_shape
+            if shape is not None and values[0].__class__ is shape.row_type:
+                # Decoded into the last stream's rows: its table, unless the cache was re-read since.
+                if self._tables.cached(key) is not shape.table:
+                    raise _NotStreamed("the table was re-read since its rows were decoded")
+            elif type(values[0]) is dict:
+                self._tables.ensure(key, recs, values)  # DDL in its own transaction, before the two-phase one
+                shape = pgc.Shape.of(self._tables[key], tuple(values[0]), self.kafka)
+            else:
+                raise _NotStreamed("not a batch of JSON objects")
+            st = self._open_stream(key, shape, recs[0])
+        elif key != st.key:
+            raise _NotStreamed("records for another table")
+        done = pgc.copy_rows(st.write_row, st.shape, recs, values, self.config["auto.evolve"])
+        st.values += values
+        if done != len(recs):
+            raise _NotStreamed("records of another shape")
+
+    def _open_stream(self, key: TableKey, shape: pgc.Shape, first: SinkRecord) -> _Stream:
+        assert self._txn_id is not None
+        pgc.check_shape(shape, first)
+        xid = self._xid(self._txn_id)
+        conn = self._tcon()
+        self._tx_state = "active"
+        try:
+            with contextlib.ExitStack() as opened:  # on a failure: the COPY failed, the cursor closed
+                conn.tpc_begin(xid)
+                cur = opened.enter_context(conn.cursor())
+                cp = opened.enter_context(cur.copy(shape.copy_statement(self._tables[key].ident)))
+                cp.set_types(list(shape.types))
+                closer = opened.pop_all()
+        except BaseException:
+            self._rollback_tx()
+            raise
+        self._stream = _Stream(key, shape, closer, cp.write_row)
+        self._row_shape = shape if shape.row_type is not None else None
+        return self._stream
+
+    def _drop_stream(self) -> None:
+        """Give up streaming for this txn: fail the COPY and roll the open transaction back."""
+        st, self._stream = self._stream, None
+        self._stream_off = True
+        if st is None:
+            return
+        self._row_shape = None  # rows only again after a stream that runs without a hitch
+        try:
+            st.closer.__exit__(_NotStreamed, _NotStreamed("abandoned"), None)  # CopyFail: the server drops the rows
+        except Exception:  # noqa: BLE001 - the connection may be gone; the rollback below settles it
+            pass
+        self._rollback_tx()
+
+    def _finish_stream(self, records: list[SinkRecord]) -> Groups | None:
+        """End the open COPY. When the open transaction now holds every row of the batch, the
+        batch's groups (one table: every slice went there); else None, and nothing is open."""
+        st, self._stream = self._stream, None
+        if st is None:
+            return None
+        if self._stream_off or len(st.values) != len(records):
+            self._stream = st
+            self._drop_stream()
+            return None
+        try:
+            st.closer.close()
+        except Exception as exc:  # noqa: BLE001 - e.g. a row the server refused: written again, and named, at prepare
+            log.debug("txn %s: streamed rows refused (%s); writing the batch at prepare", self._txn_id, exc)
+            self._row_shape = None
+            self._rollback_tx()
+            return None
+        return {st.key: (records, st.values)}
