@@ -23,7 +23,7 @@ from unittest import mock
 import pytest
 
 from eosink.connectors.api.errors import FatalError, FencedError, RecordError, RetryableError
-from eosink.connectors.api.records import SinkRecord
+from eosink.connectors.api.records import UNDECODED, LazyJsonRecord, SinkRecord
 
 pytest.importorskip("pyiceberg")
 
@@ -406,6 +406,36 @@ def test_new_fields_become_columns_and_old_rows_read_null(local: Target, unique:
     rows = local.rows(table)
     assert [r["coupon"] for r in rows] == [None, "X1", None, "X1"]
     assert {r["score"] for r in rows} == {None, 2.5, 1.0}
+
+
+def test_undecoded_values_are_parsed_into_the_table_and_a_batch_the_parse_declines_is_decoded(local: Target, unique: str) -> None:
+    """As the worker hands them over (values left undecoded: the sink reads the bytes): the first
+    batch creates the table (decoded, checked path), the second is parsed without decoding a value,
+    the third has a field of another type and an array in a string column, so it is decoded and
+    checked - with the same rows as if it had never been tried."""
+    table = local.config["iceberg.table"]
+    sink = local.sink(unique)
+
+    def undecoded(recs: list[SinkRecord]) -> list[SinkRecord]:
+        for r in recs:
+            r.value = UNDECODED
+            r.__class__ = LazyJsonRecord
+        return recs
+
+    plain = lambda i: {"id": i, "user": f"u{i % 7}", "amount": round(i * 1.25, 2), "paid": i % 2 == 0}  # noqa: E731
+    sink.commit(prepare(sink, f"{unique}.w.1.1", undecoded(records("orders", 4, value=plain))).txn_id)
+    second = undecoded(records("orders", 6, first=2, value=plain))
+    sink.commit(prepare(sink, f"{unique}.w.1.2", second).txn_id)
+    assert all(r.__class__ is LazyJsonRecord for r in second), "a value was decoded"
+    odd = lambda i: {"id": i, "user": ["a", i], "amount": 7}  # noqa: E731
+    third = undecoded(records("orders", 2, first=5, value=odd))
+    sink.commit(prepare(sink, f"{unique}.w.1.3", third).txn_id)
+    assert all(r.__class__ is SinkRecord for r in third)
+    rows = local.rows(table)
+    assert len(rows) == 12 and len({(r["__partition"], r["__offset"]) for r in rows}) == 12
+    assert [r for r in rows if r["__offset"] == 3 and r["__partition"] == 1] == [
+        {"id": 3, "user": "u3", "amount": 3.75, "paid": False, "__topic": "orders", "__partition": 1, "__offset": 3}]
+    assert [(r["user"], r["amount"]) for r in rows if r["__offset"] >= 5] == [('["a",0]', 7.0), ('["a",1]', 7.0)]
 
 
 def test_existing_table_with_richer_types_gets_strictly_converted_values(local: Target, unique: str) -> None:

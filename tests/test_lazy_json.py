@@ -27,6 +27,7 @@ from eosink.connectors.api.records import (
 from eosink.connectors.common import jsonlines
 from eosink.connectors.filesystem import FilesystemSink
 from eosink.connectors.http.sink import encode_body
+from eosink.connectors.iceberg.sink import IcebergSink
 from eosink.connectors.memory import MemorySink
 from eosink.connectors.s3.sink import S3Sink
 from eosink.worker.engine.decision import MemoryDecisionLog
@@ -107,12 +108,13 @@ class DeferringListSource(ListSource):
     (["filesystem"], None, True),
     (["s3-jsonl"], None, True),
     (["s3-parquet"], None, False),  # columns are built from the decoded fields
+    (["iceberg"], None, True),  # the bytes are parsed into Arrow columns
     (["filesystem", "filesystem"], None, True),
     (["filesystem", "memory"], None, False),  # the memory sink keeps values: it reads them
     (["memory"], None, False),
     (["filesystem"], {"transforms": "tag", "transforms.tag.type": "InsertField$Value",
                       "transforms.tag.static.field": "f", "transforms.tag.static.value": "v"}, False),
-], ids=["filesystem", "s3-jsonl", "s3-parquet", "two-copying-sinks", "with-a-reading-sink", "memory", "with-a-transform"])
+], ids=["filesystem", "s3-jsonl", "s3-parquet", "iceberg", "two-copying-sinks", "with-a-reading-sink", "memory", "with-a-transform"])
 def test_a_task_defers_decoding_only_when_no_sink_and_no_transform_reads_values(
         tmp_path: Any, sinks: list[str], transforms: dict[str, str] | None, expected: bool) -> None:
     def sink(i: int, kind: str) -> Any:
@@ -120,6 +122,8 @@ def test_a_task_defers_decoding_only_when_no_sink_and_no_transform_reads_values(
             return FilesystemSink("c", {"file.path": str(tmp_path / str(i))})
         if kind.startswith("s3-"):  # (not opened: nothing is sent)
             return S3Sink("c", {"s3.bucket.name": "b", "format": kind[3:]})
+        if kind == "iceberg":  # (not opened: no catalog is asked)
+            return IcebergSink("c", {"iceberg.catalog.uri": f"sqlite:///{tmp_path}/c.db", "iceberg.warehouse": f"file://{tmp_path}/w"})
         return MemorySink("c", {"memory.store": f"lazy-{i}"})
 
     built = [sink(i, kind) for i, kind in enumerate(sinks)]

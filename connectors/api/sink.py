@@ -46,10 +46,11 @@ class TwoPhaseCommitSink(abc.ABC):
     #: traffic would fill its store with small files.
     CAUGHT_UP_COMMIT_MS: ClassVar[int | None] = 250
     #: Whether the sink reads records' decoded values. A sink that only copies the bytes of JSON
-    #: objects and arrays (:func:`~eosink.connectors.api.records.copied_json`) and reads no other part of
-    #: a value says False (a class or instance attribute, set by ``__init__`` where it depends on
-    #: the config): when every sink of a connector without transforms says so, the engine checks each
-    #: JSON value as it reads it and leaves it undecoded (:class:`~eosink.connectors.api.records.LazyJsonRecord`).
+    #: objects and arrays (:func:`~eosink.connectors.api.records.copied_json`), or parses those bytes
+    #: itself and reads a value only where it cannot (reading one decodes it then), says False (a
+    #: class or instance attribute, set by ``__init__`` where it depends on the config): when every
+    #: sink of a connector without transforms says so, the engine checks each JSON value as it reads
+    #: it and leaves it undecoded (:class:`~eosink.connectors.api.records.LazyJsonRecord`).
     reads_values: bool = True
 
     def __init__(self, connector: str, config: Mapping[str, Any]) -> None:

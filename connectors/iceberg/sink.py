@@ -65,6 +65,7 @@ from eosink.connectors.api.errors import ConfigError, FatalError, RetryableError
 from eosink.connectors.api.records import SinkRecord, TxnManifest
 from eosink.connectors.api.sink import BatchingSink
 from eosink.connectors.iceberg import arrow as ia
+from eosink.connectors.iceberg import jsonarrow
 from eosink.connectors.iceberg import txn as itx
 from eosink.connectors.iceberg.store import Markers, Storage, txn_key
 from eosink.connectors.iceberg.tables import Tables
@@ -108,6 +109,7 @@ class IcebergSink(BatchingSink):
     """Exactly-once delivery into Apache Iceberg tables through a SQL or REST catalog."""
 
     CAUGHT_UP_COMMIT_MS = None  # a data file and a snapshot per transaction: cycles run their full commit.interval.ms
+    reads_values = False  # the JSON bytes are parsed into Arrow (jsonarrow); a value is decoded only where they cannot be
 
     CONFIG = (
         ConfigDef()
@@ -245,20 +247,18 @@ class IcebergSink(BatchingSink):
     def _prepare(self, manifest: TxnManifest, records: list[SinkRecord]) -> None:
         txn = manifest.txn_id
         t0 = time.perf_counter()
-        values = ia.check_values(records)
         idents = {t: self.table_name(t) for t in {r.topic for r in records}}
-        groups: dict[str, tuple[list[SinkRecord], list[dict[str, Any]], set[str]]] = {}
+        groups: dict[str, tuple[list[SinkRecord], list[dict[str, Any]] | None, set[str]]] = {}
         if len(set(idents.values())) <= 1:  # one table (the common case): no per-record grouping
             for ident in set(idents.values()):
-                groups[ident] = (records, values, set(idents))
+                groups[ident] = (records, None, set(idents))  # values decoded only if the JSON bytes cannot be parsed
         else:
-            for r, v in zip(records, values):
+            for r in records:
                 ident = idents[r.topic]
                 g = groups.get(ident)
                 if g is None:
-                    g = groups[ident] = ([], [], {t for t, i in idents.items() if i == ident})
+                    g = groups[ident] = ([], None, {t for t, i in idents.items() if i == ident})
                 g[0].append(r)
-                g[1].append(v)
         key = txn_key(self.connector, txn)
         plan = []
         load_ms = convert_ms = 0.0
@@ -271,14 +271,19 @@ class IcebergSink(BatchingSink):
             except NoSuchTableError:
                 table = None
             c0 = time.perf_counter()
-            arrow = self._as_is(table, recs, vals, topics) if table is not None else None
+            arrow = jsonarrow.from_json(table.schema(), recs, self.kafka, topics) if table is not None else None
+            if arrow is None:
+                vals = ia.check_values(recs) if vals is None else vals
+                arrow = self._as_is(table, recs, vals, topics) if table is not None else None
             c1 = l1 = time.perf_counter()
             complete = arrow is not None
             if table is None or arrow is None:
+                assert vals is not None
                 table, complete = self.tables.ensure(ident, recs, vals, table)
             itx.check_fence(self.connector, table, ranges, txn)
             l2 = time.perf_counter()
             if arrow is None:
+                assert vals is not None
                 arrow = ia.to_arrow(table.schema(), recs, vals, self.kafka, unknown_ok=complete, topics=topics)
             convert_ms += (c1 - c0 + time.perf_counter() - l2) * 1000
             load_ms += (c0 - l0 + l2 - l1) * 1000
