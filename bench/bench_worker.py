@@ -31,6 +31,7 @@ Results go to ``bench/results/worker.json``.
     python bench/bench_worker.py [--records 1000000] [--partitions 4] [--skip-connect] [--rounds 1]
     python bench/bench_worker.py --modes filesystem-decoded,filesystem-smt   # the transforms' cost alone
     python bench/bench_worker.py --modes filesystem,filesystem-decoded       # what leaving values undecoded buys
+    python bench/bench_worker.py --modes iceberg,iceberg-checked             # Iceberg: bytes parsed into Arrow vs decoded
 
 Run it from the repository root (the stack's endpoints are found as by every eosink command).
 Needs the local stack (``eosink stack up``); Kafka Connect also needs ``java`` and (once) ``mvn``.
@@ -57,6 +58,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,6 +72,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from bench._data import order  # noqa: E402
 from eosink.connectors.api.records import TopicPartition  # noqa: E402
 from eosink.connectors.filesystem import FilesystemSink  # noqa: E402
+from eosink.connectors.iceberg.sink import IcebergSink  # noqa: E402
 from eosink.connectors.memory import MemorySink, drop_store, store  # noqa: E402
 from eosink.worker import logging as wlogging  # noqa: E402
 from eosink.worker.engine.decision import ZooKeeperDecisionLog  # noqa: E402
@@ -89,6 +92,31 @@ CONNECT_JVM_OPTS = [  # what bin/connect-standalone.sh + kafka-run-class.sh pass
 
 
 # ---------------------------------------------------------------------------------------- data
+def iceberg_config(workdir: Path, tag: str, kind: str) -> dict[str, Any]:
+    """An Iceberg connector on the stack: SQL catalog in its PostgreSQL, a warehouse in ``workdir``."""
+    from eosink.worker.stack import load_endpoints
+
+    scheme, rest = load_endpoints().postgres_dsn.split("://", 1)
+    return {"iceberg.catalog.uri": f"postgresql+psycopg2://{rest}", "iceberg.catalog.name": "eosink_bench",
+            "iceberg.warehouse": f"file://{workdir}/iceberg", "iceberg.table": f"eosink_bench.worker_{tag}_{kind.replace('-', '_')}"}
+
+
+def _iceberg_ids(config: dict[str, Any], ids: IdCheck, keep: bool) -> int:
+    """Count the table's ids into ``ids`` as a reader sees them; the txns left prepared (none expected)."""
+    sink = IcebergSink("bench-check", config)
+    sink.open()
+    try:
+        table = sink.tables.catalog().load_table(config["iceberg.table"])
+        for i in table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist():
+            ids.add(i)
+        leftover = len(sink.markers.list())
+        if not keep:
+            sink.tables.catalog().purge_table(config["iceberg.table"])
+        return leftover
+    finally:
+        sink.close()
+
+
 def value_of(i: int) -> bytes:
     """The outbox record with id ``i``: ~200 bytes of compact JSON."""
     return json.dumps(order(i, note=f"order {i} shipped"), separators=(",", ":")).encode()
@@ -285,12 +313,17 @@ def run_ceiling(bootstrap: str, topic: str, tps: list[TopicPartition], n: int, t
             if time.perf_counter() - t0 > timeout_s:
                 raise RuntimeError(f"ceiling: only {records:,} of {n:,} records after {timeout_s:.0f}s")
         elapsed, cpu = time.perf_counter() - t0, cpu_self() - c0
+        first_record_s = time.monotonic() - src.first_record_at if src.first_record_at is not None else elapsed
     finally:
         src.close()
     ok = records == n
     return Result("raw consumer keeping every record" if keep else "raw consumer (ceiling)", records, nbytes, elapsed, cpu,
                   kind="ceiling-kept" if keep else "ceiling",
-                  check=f"{'ok' if ok else 'FAILED'}: {records:,} records decoded", extra={"polls": polls})
+                  check=f"{'ok' if ok else 'FAILED'}: {records:,} records decoded", extra={
+                      "polls": polls,
+                      # As the eosink modes and Kafka Connect "from its first byte": the consumer's start left out.
+                      "seconds_from_first_record": round(first_record_s, 3),
+                      "records_per_s_from_first_record": round(records / first_record_s)})
 
 
 # ---------------------------------------------------------------------------------------- eosink
@@ -350,6 +383,17 @@ def run_eosink(kind: str, bootstrap: str, zk_hosts: str, topic: str, tps: list[T
     elif kind == "filesystem-raw":
         sink = FilesystemSink(connector, {"file.path": str(workdir / "eosink-fs-raw"), "file.format": "raw"})
         name = "eosink FilesystemSink raw, bytes conv. (fsync)"
+    elif kind.startswith("iceberg"):
+        sink = IcebergSink(connector, iceberg_config(workdir, tag, kind))
+        name = "eosink IcebergSink (JSON bytes parsed into Arrow)"
+        if kind == "iceberg-checked":
+            # The sink as it ran before it parsed the bytes itself: every value decoded by the worker,
+            # every column built from the dicts and type-checked in Python (this child process only).
+            import eosink.connectors.iceberg.sink as iceberg_module
+
+            iceberg_module.jsonarrow = SimpleNamespace(from_json=lambda *a: None)  # type: ignore[assignment]
+            sink.reads_values = True
+            name = "eosink IcebergSink, values decoded (checked)"
     else:
         sink = MemorySink(connector, {"memory.store": store_name})
         name = "eosink MemorySink"
@@ -434,6 +478,8 @@ def run_eosink(kind: str, bootstrap: str, zk_hosts: str, topic: str, tps: list[T
                     ids.add(json.loads(line)["id"] if raw else json.loads(line)["value"]["id"])
         if not keep:
             shutil.rmtree(sink.root, ignore_errors=True)
+    elif kind.startswith("iceberg"):
+        leftover = _iceberg_ids(iceberg_config(workdir, tag, kind), ids, keep)
     else:
         st = store(store_name)
         leftover = len(st.prepared)
@@ -602,6 +648,8 @@ def delete_groups(bootstrap: str, groups: Sequence[str]) -> None:
 # ---------------------------------------------------------------------------------------- main
 #: The eosink modes, in the order a run measures them.
 MODES = ("filesystem", "filesystem-decoded", "filesystem-smt", "filesystem-raw", "memory")
+#: Modes run only when named in --modes.
+EXTRA_MODES = ("iceberg", "iceberg-checked")
 
 
 def _report_modes(args: argparse.Namespace, modes: Sequence[str], best: Callable[[str], Result],
@@ -677,9 +725,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "for the cost of the transforms alone")
     args = ap.parse_args(argv)
     modes = tuple(m.strip() for m in args.modes.split(",")) if args.modes else MODES
-    unknown = [m for m in modes if m not in MODES]
+    unknown = [m for m in modes if m not in MODES + EXTRA_MODES]
     if unknown:
-        ap.error(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
+        ap.error(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES + EXTRA_MODES)}")
     if args.modes:
         args.skip_connect = True
     wlogging.configure(os.environ.get("EOSINK_LOG_LEVEL", "ERROR"))  # a stopped ZkSession logs LOST
@@ -798,7 +846,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"max {r.extra['records_per_cycle']['max']:,})")
     if connect:
         print(f"Kafka Connect: {connect[1].extra['jvm_start_to_first_byte_s']:.2f}s from launch to its first byte")
-        for r in (fs, fs_raw, mem):
+        for r in (ceiling, fs, fs_raw, mem):
             fr = r.extra["records_per_s_from_first_record"]
             print(f"{r.name}, from its first record (as Connect from its first byte): {fr:,} records/s = "
                   f"{fr / connect[1].rate:.2f}x Kafka Connect ({r.seconds - r.extra['seconds_from_first_record']:.2f}s "
@@ -828,6 +876,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if connect and connect_json:
         string_peer, json_peer = connect[1].rate, connect_json[1].rate
         targets["ceiling (consume + decode) >= Kafka Connect StringConverter (1st byte)"] = ceiling.rate >= string_peer
+        targets["ceiling >= Kafka Connect StringConverter, both from their first record"] = \
+            ceiling.extra["records_per_s_from_first_record"] >= string_peer
         targets["filesystem JSON Lines >= Kafka Connect JsonConverter (from first byte)"] = fs.rate >= json_peer
         targets["filesystem JSON Lines >= 0.7x Kafka Connect StringConverter (1st byte)"] = fs.rate >= 0.7 * string_peer
     if connect:
