@@ -4,7 +4,7 @@ PY_SYS ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 EOSINK := $(VENV)/bin/eosink
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt setup.py spark_jobs/native/produce.c | sha1sum | cut -c1-12)
 
 .PHONY: venv stack secure-stack demo secure-demo test observe down clean bench soak images container-demo $(BENCHES)
 

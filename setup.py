@@ -3,14 +3,18 @@
 ``worker/``, ``connectors/`` and ``spark_jobs/`` stay where the product's layout puts them, but
 install (wheel and editable alike) as ``eosink.worker``, ``eosink.connectors`` and
 ``eosink.spark_jobs``: ``worker`` and ``connectors`` are other projects' names on PyPI.
-Everything else is declared in ``pyproject.toml``.
+Everything else is declared in ``pyproject.toml``, but for the one C extension: the Spark
+publisher's produce loop (``spark_jobs/native``), optional - without a C compiler the package
+installs without it and the publisher produces from Python.
 """
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 ROOTS = ("worker", "connectors", "spark_jobs")
 
 setup(
     packages=["eosink." + p for p in find_packages(include=[f"{r}*" for r in ROOTS])],
     package_dir={f"eosink.{r}": r for r in ROOTS},
+    ext_modules=[Extension("eosink.spark_jobs.native._produce", ["spark_jobs/native/produce.c"], optional=True,
+                           extra_compile_args=["-O2"])],
 )

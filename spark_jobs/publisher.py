@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 import uuid
@@ -26,6 +27,7 @@ from confluent_kafka import KafkaException, Producer
 from pyspark.sql import DataFrame
 
 from eosink.spark_jobs import kafka_checks
+from eosink.spark_jobs import native as native_produce
 from eosink.spark_jobs.arrow_map import map_in_arrow
 from eosink.spark_jobs.errors import PartitioningChangedError, PublishError, from_task_failure
 from eosink.spark_jobs.ledger import RunState, entry_value, read_run
@@ -168,6 +170,7 @@ def publish_outbox(
         ledger_timeout_s=ledger_timeout_s,
         fault_hook=fault_hook,
         call_id=uuid.uuid4().hex,
+        native_produce=os.environ.get(native_produce.ENV, "1") != "0",
         extra_headers=tuple((k, v.encode() if isinstance(v, str) else bytes(v)) for k, v in (headers or {}).items()),
     )
     job_started = time.monotonic()
@@ -186,7 +189,7 @@ def publish_outbox(
         raise original from e
     results = [
         PartitionResult(r.partition, r.attempt, r.status, r.records, json.loads(r.topics), r.seconds, r.transactional_id,
-                        json.loads(r.steps))
+                        json.loads(r.steps), r.c_rows)
         for r in rows
     ]
     job_ended = time.monotonic()

@@ -42,6 +42,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from eosink.connectors.api.records import ID_HEADER, RUN_HEADER
 from eosink.spark_jobs import kafka_checks
+from eosink.spark_jobs import native as native_produce
 from eosink.spark_jobs.errors import (
     COMPONENT,
     AuthorizationError,
@@ -87,11 +88,12 @@ SUMMARY_SCHEMA = pa.schema(
         ("seconds", pa.float64()),
         ("transactional_id", pa.string()),
         ("steps", pa.string()),
+        ("c_rows", pa.int64()),
     ]
 )
 SUMMARY_DDL = (
     "partition int, attempt int, status string, records long, topics string, seconds double, transactional_id string, "
-    "steps string"
+    "steps string, c_rows long"
 )
 
 
@@ -115,6 +117,8 @@ class TaskSpec:
     fault_hook: FaultHook | None = None
     extra_headers: tuple[tuple[str, bytes], ...] = field(default_factory=tuple)
     call_id: str = ""  # one per publish_outbox call: tells "an earlier attempt of this call" apart
+    #: The C produce loop where it applies (the driver's EOSINK_PUBLISHER_NATIVE=0 turns it off).
+    native_produce: bool = True
 
     @property
     def bootstrap(self) -> str:
@@ -132,6 +136,8 @@ class PartitionResult:
     transactional_id: str
     #: Seconds per step of the attempt (see :data:`STEPS`), for finding where a slow task's time went.
     steps: dict[str, float] = field(default_factory=dict)
+    #: Records produced by the C loop (:mod:`eosink.spark_jobs.native`); the others by the Python loop.
+    c_rows: int = 0
 
 
 #: ``open``: producer, init_transactions (fencing) and the ledger check; ``input``: waiting for Spark to
@@ -177,10 +183,13 @@ class PartitionPublisher:
         self._prefix = record_id_prefix(spec.job, spec.run_id, partition)
         self._run = spec.run_id.encode()
         self._producer: Producer | None = None
+        #: The C produce loop on that producer (None: the Python loop; see eosink.spark_jobs.native).
+        self._native: native_produce.NativeLoop | None = None
         self._in_txn = False
         self._began_at = 0.0
         self._started_at = time.monotonic()
         self.seq = 0
+        self.c_rows = 0  # of which produced by the C loop
         self.counts: dict[str, int] = {ob.topic: 0 for ob in spec.outboxes}
         self.watch = kafka_checks.watch(spec.producer_config)
         #: Whether the ledger entry was produced in the open transaction (the topics it wrote, for errors).
@@ -236,6 +245,7 @@ class PartitionPublisher:
             self._producer = Producer(conf)
         except KafkaException as e:
             raise PublishError(f"invalid producer configuration for '{self.tid}': {e.args[0].str()}") from None
+        self._native = native_produce.loop_for(self._producer) if spec.native_produce else None
         try:
             self._producer.init_transactions(spec.init_timeout_s)
         except KafkaException as e:
@@ -297,6 +307,8 @@ class PartitionPublisher:
         run_header = (RUN_HEADER, run)
         seq = self.seq
         cols = batch.columns
+        if self._native is not None and self._produce_natively(batch):
+            return
         plan = []
         for ob in self.spec.outboxes:
             whens = cols[ob.when_col].to_pylist() if ob.when_col is not None else None
@@ -336,6 +348,43 @@ class PartitionPublisher:
             if collecting:
                 gc.enable()
         producer.poll(0)
+
+    def _produce_natively(self, batch: pa.RecordBatch) -> bool:
+        """The common case (one topic, every row, only the two eosink headers) in the C loop
+        (:mod:`eosink.spark_jobs.native`); False, having produced nothing, where it does not apply."""
+        native = self._native
+        assert native is not None and self._producer is not None
+        if len(self.spec.outboxes) != 1 or self.spec.extra_headers:
+            return False
+        ob = self.spec.outboxes[0]
+        if ob.when_col is not None or ob.headers:
+            return False
+        keys, values = batch.column(ob.key_col), batch.column(ob.value_col)
+        if not native.fits(keys, values):
+            return False
+        producer, first, n, seq = self._producer, 0, batch.num_rows, self.seq
+        prefix = self._prefix.encode()
+        try:
+            while first < n:
+                done, err = native.produce(ob.topic, keys, values, first, ID_HEADER, prefix, seq + first, RUN_HEADER, self._run)
+                first = done
+                if err == native_produce.QUEUE_FULL:
+                    producer.poll(0.05)  # librdkafka's queue is full: let it send, as the Python loop does
+                    self._check_budget()
+                elif err:
+                    # Any other refusal: the same row through the client, which raises it as its own error
+                    # (a fenced or failed producer) - or takes it, if the condition has passed.
+                    k, v = keys[first].as_py(), values[first].as_py()
+                    self._produce_when_room(ob.topic, v, k, [(ID_HEADER, self._prefix + str(seq + first)), (RUN_HEADER, self._run)])
+                    first += 1
+        except KafkaException as e:
+            raise self._fail(e, "produce") from None
+        finally:
+            self.seq = seq + first
+        self.counts[ob.topic] += n
+        self.c_rows += n
+        producer.poll(0)
+        return True
 
     def _produce_when_room(self, topic: str, value: Any, key: Any, hdrs: Headers) -> None:
         """The local queue is full: wait for deliveries, serving the client's callbacks, until there is room
@@ -406,6 +455,7 @@ class PartitionPublisher:
             time.monotonic() - self._started_at,
             self.tid,
             dict(self.steps),
+            self.c_rows,
         )
 
     def _commit_with_retries(self, tries: int = 5) -> None:
@@ -496,6 +546,7 @@ def summary_batch(result: PartitionResult) -> pa.RecordBatch:
                 "seconds": result.seconds,
                 "transactional_id": result.transactional_id,
                 "steps": json.dumps(result.steps),
+                "c_rows": result.c_rows,
             }
         ],
         schema=SUMMARY_SCHEMA,
