@@ -5,8 +5,9 @@
 Paths, each publishing every row of one cached DataFrame (~200-byte JSON values) to its own topic:
 
 * ``eosink``  - :func:`spark_jobs.publish_outbox`: one Kafka transaction per partition, ledger
-  entry, fencing; exactly-once.
-* ``plain``   - the same ``mapInArrow`` task with a non-transactional (idempotent) confluent-kafka
+  entry, fencing; exactly-once; its produce loop in C (``spark_jobs/native``).
+* ``eosink-py`` - the same with its produce loop in Python (``EOSINK_PUBLISHER_NATIVE=0``).
+* ``plain``   - a ``mapInArrow`` task with the Python produce loop and a non-transactional (idempotent) confluent-kafka
   producer and the same headers; at-least-once (a retried task publishes its partition again).
 * ``spark``   - Spark's built-in Kafka sink (spark-sql-kafka-0-10, Java producer); at-least-once.
 
@@ -189,6 +190,8 @@ class ProcessCPU:
 
 #: Every timed ``publish_outbox`` result, for its per-step seconds.
 EOSINK_RESULTS: list = []
+#: Of each, the records its C produce loop sent (see eosink.spark_jobs.native).
+C_ROWS: list[int] = []
 
 
 def run_eosink(spark, df, bootstrap: str, topic: str) -> int:
@@ -196,6 +199,20 @@ def run_eosink(spark, df, bootstrap: str, topic: str) -> int:
 
     res = publish_outbox(df, topic, key="order_id", job="bench", run_id=uuid.uuid4().hex[:12], kafka=bootstrap)
     EOSINK_RESULTS.append(res)
+    C_ROWS.append(sum(p.c_rows for p in res.partitions))
+    return res.records
+
+
+def run_eosink_python(spark, df, bootstrap: str, topic: str) -> int:
+    """The same publisher with its produce loop in Python (``EOSINK_PUBLISHER_NATIVE=0``)."""
+    from eosink.spark_jobs import native, publish_outbox
+
+    os.environ[native.ENV] = "0"
+    try:
+        res = publish_outbox(df, topic, key="order_id", job="bench", run_id=uuid.uuid4().hex[:12], kafka=bootstrap)
+    finally:
+        del os.environ[native.ENV]
+    assert sum(p.c_rows for p in res.partitions) == 0
     return res.records
 
 
@@ -234,9 +251,11 @@ def run_spark_sink(spark, df, bootstrap: str, topic: str) -> int:
     return df.count()
 
 
-PATHS = {"eosink": run_eosink, "plain": run_plain, "spark": run_spark_sink, "handoff": run_handoff}
-GUARANTEE = {"eosink": "exactly-once", "plain": "at-least-once", "spark": "at-least-once", "handoff": "(no Kafka)"}
-PUBLISHERS = ("eosink", "plain", "spark")
+PATHS = {"eosink": run_eosink, "eosink-py": run_eosink_python, "plain": run_plain, "spark": run_spark_sink,
+         "handoff": run_handoff}
+GUARANTEE = {"eosink": "exactly-once", "eosink-py": "exactly-once", "plain": "at-least-once", "spark": "at-least-once",
+             "handoff": "(no Kafka)"}
+PUBLISHERS = ("eosink", "eosink-py", "plain", "spark")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -293,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                 rates[name].append(rate)
                 per_row = {k: 1e6 * (after[k] - before[k]) / n for k in after}
                 cpu[name].append(per_row)
-                print(f"  round {r + 1} {name:7} {dt:7.2f} s {rate:12,.0f} rec/s   CPU us/row: "
+                print(f"  round {r + 1} {name:9} {dt:7.2f} s {rate:12,.0f} rec/s   CPU us/row: "
                       + " ".join(f"{k} {v:4.2f}" for k, v in per_row.items())
                       + f" = {sum(per_row.values()):4.2f}   load {os.getloadavg()[0]:.1f}", flush=True)
         report(rates, cpu, meter.broker is not None)
@@ -312,18 +331,18 @@ def report(rates: dict[str, list[float]], cpu: dict[str, list[dict[str, float]]]
     best = {name: max(r) for name, r in rates.items()}
     median = {name: statistics.median(r) for name, r in rates.items()}
     print()
-    print(f"{'path':8} {'guarantee':14} {'best rec/s':>12} {'median rec/s':>13} {'eosink/path best':>17} {'median':>7}")
+    print(f"{'path':9} {'guarantee':14} {'best rec/s':>12} {'median rec/s':>13} {'eosink/path best':>17} {'median':>7}")
     for name in PATHS:
         ratio = (f"{best['eosink'] / best[name]:17.0%} {median['eosink'] / median[name]:7.0%}"
                  if name in PUBLISHERS else "")
-        print(f"{name:8} {GUARANTEE[name]:14} {best[name]:12,.0f} {median[name]:13,.0f} {ratio}")
+        print(f"{name:9} {GUARANTEE[name]:14} {best[name]:12,.0f} {median[name]:13,.0f} {ratio}")
 
     med = {name: {k: statistics.median(c[k] for c in cs) for k in cs[0]} for name, cs in cpu.items()}
     total = {name: sum(m.values()) for name, m in med.items()}
     print(f"\nCPU per row (medians, us; the broker {'included' if broker_seen else 'not found on this machine'}):")
-    print(f"{'path':8} {'jvm':>6} {'python':>7} {'broker':>7} {'total':>7}")
+    print(f"{'path':9} {'jvm':>6} {'python':>7} {'broker':>7} {'total':>7}")
     for name, m in med.items():
-        print(f"{name:8} {m['jvm']:6.2f} {m['python']:7.2f} {m['broker']:7.2f} {total[name]:7.2f}")
+        print(f"{name:9} {m['jvm']:6.2f} {m['python']:7.2f} {m['broker']:7.2f} {total[name]:7.2f}")
     handoff, eo, sk = med["handoff"], med["eosink"], med["spark"]
     print(
         f"\nwhy: Spark's sink costs {total['spark']:.2f} us/row in all (JVM: to_json + Java producer; broker "
@@ -333,6 +352,9 @@ def report(rates: dict[str, list[float]], cpu: dict[str, list[dict[str, float]]]
         f"librdkafka, and the broker {eo['broker']:.2f}: {total['eosink']:.2f} us/row, "
         f"{total['eosink'] / total['spark']:.2f}x Spark's sink's CPU per row."
     )
+    print(f"the C produce loop sent {sum(C_ROWS):,} of eosink's {sum(r.records for r in EOSINK_RESULTS):,} records; "
+          f"eosink with it / with its Python loop: {best['eosink'] / best['eosink-py']:.2f}x best, "
+          f"{median['eosink'] / median['eosink-py']:.2f}x median, {total['eosink-py'] - total['eosink']:.2f} us/row less CPU")
     print_steps(EOSINK_RESULTS)
     plain_ok = best["eosink"] / best["plain"] >= 0.80
     spark_ratio = best["eosink"] / best["spark"]
