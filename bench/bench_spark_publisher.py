@@ -298,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             fn(spark, warm, bootstrap, f"{prefix}_{name}_{args.repeat}")
         meter = ProcessCPU(bootstrap)
         EOSINK_RESULTS.clear()
+        C_ROWS.clear()
         rates: dict[str, list[float]] = {name: [] for name in PATHS}
         cpu: dict[str, list[dict[str, float]]] = {name: [] for name in PATHS}
         for r in range(args.repeat):
