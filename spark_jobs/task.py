@@ -186,6 +186,8 @@ class PartitionPublisher:
         #: The C produce loop on that producer (None: the Python loop; see eosink.spark_jobs.native).
         self._native: native_produce.NativeLoop | None = None
         self._in_txn = False
+        #: Committed (or nothing begun because an earlier attempt committed): nothing left for close() to abort.
+        self._clean = False
         self._began_at = 0.0
         self._started_at = time.monotonic()
         self.seq = 0
@@ -447,6 +449,7 @@ class PartitionPublisher:
             self._abort_quietly(err)
             raise err from None
         self._in_txn = False
+        self._clean = True
         self._took("commit", began)
         self._hook("after_commit")
         return PartitionResult(
@@ -493,20 +496,24 @@ class PartitionPublisher:
     def close(self) -> None:
         """Drop the producer; an open transaction is aborted (or left to the next attempt's init)."""
         if self._producer is not None:
-            failed = self._in_txn
-            if failed:
+            if self._in_txn:
                 self._abort_quietly(PublishError("closing"))
             producer, self._producer, self._native = self._producer, None, None
-            # Destroyed here, not whenever the last reference goes: librdkafka's teardown blocks its caller.
-            # (Not after a failure: close() would try the abort again and warn about it, fenced or not.)
+            # After a commit, destroyed here rather than whenever the last reference goes (librdkafka's
+            # teardown blocks its caller). Not after a failure: close() would end the failed transaction
+            # again, warn or raise, and hide the error the task is failing with.
             close = getattr(producer, "close", None)  # (confluent-kafka >= 2.13)
-            if close is not None and not failed:
-                close()
+            if close is not None and self._clean:
+                try:
+                    close()
+                except KafkaException:
+                    pass  # the task's outcome is decided; a teardown error changes nothing in Kafka
 
     def skipped(self, entry: LedgerEntry) -> PartitionResult:
         """Nothing written; ``records``/``topics`` are what the committed attempt published
         (``-1`` when the driver already knew, it has the numbers)."""
         same_call = bool(self.spec.call_id) and entry.call_id == self.spec.call_id
+        self._clean = not self._in_txn
         return PartitionResult(
             self.partition,
             self.attempt,
