@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -169,6 +170,22 @@ def copied_json(r: SinkRecord) -> bytes | None:
         return r.raw_value
     raw = r.raw_value
     return raw if raw is not None and isinstance(r.value, (dict, list)) else None
+
+
+_class = operator.attrgetter("__class__")
+_value = operator.attrgetter("value")
+
+
+def values_of_types(records: Sequence[SinkRecord], types: frozenset[type]) -> bool:
+    """Whether every record's value is exactly one of ``types`` (e.g. ``dict`` and ``list``), told without
+    decoding a :class:`LazyJsonRecord`: its bytes are a JSON object or array, so it counts as either -
+    a caller asking for objects only must refuse arrays itself. C loops (map, set) for the usual batch."""
+    classes = set(map(_class, records))
+    if LazyJsonRecord not in classes:
+        return set(map(type, map(_value, records))) <= types
+    if len(classes) == 1:
+        return True
+    return set(map(type, (r.value for r in records if r.__class__ is not LazyJsonRecord))) <= types
 
 
 def key_json(r: SinkRecord) -> bytes:

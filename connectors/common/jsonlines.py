@@ -11,18 +11,16 @@ anyway (``envelopes``): the common case pays almost nothing.
 
 from __future__ import annotations
 
-import itertools
 import json
 import operator
 from collections.abc import Sequence
 from json.encoder import encode_basestring_ascii
 
-from eosink.connectors.api.records import LazyJsonRecord, SinkRecord, json_document, key_json
+from eosink.connectors.api.records import LazyJsonRecord, SinkRecord, json_document, key_json, values_of_types
 
 _raw_value = operator.attrgetter("raw_value")
-_value = operator.attrgetter("value")
-_class = operator.attrgetter("__class__")
 _CONTAINERS = (dict, list)
+_JSON_CONTAINERS = frozenset(_CONTAINERS)
 NEEDS_JSON = "JSON Lines output needs json or string values"
 
 
@@ -39,7 +37,7 @@ def lines(records: Sequence[SinkRecord], component: str) -> list[bytes]:
     # The usual batch - JSON objects or arrays, each with its bytes from the topic - is checked and
     # gathered by C loops (map/all), not a Python step per record.
     out = list(map(_raw_value, records))
-    if None in out or not _all_containers(records):
+    if None in out or not values_of_types(records, _JSON_CONTAINERS):
         out = [json_document(r, component=component, needs=NEEDS_JSON) for r in records]
     if b"\n" in b"".join(out):  # pretty-printed JSON on the topic: keep one record per line (a join
         out = list(map(one_line, out))  # and a memchr cost a fifth of counting the newlines)
@@ -51,14 +49,6 @@ def values(records: Sequence[SinkRecord], component: str) -> bytes:
     out = lines(records, component)
     out.append(b"")  # the last line's newline, without copying the whole body once more
     return b"\n".join(out)
-
-
-def _all_containers(records: Sequence[SinkRecord]) -> bool:
-    """Is every value a JSON object or array (undecoded ones are, and stay undecoded)?"""
-    classes = set(map(_class, records))
-    if LazyJsonRecord not in classes:
-        return all(map(isinstance, map(_value, records), itertools.repeat(_CONTAINERS)))
-    return len(classes) == 1 or all(r.__class__ is LazyJsonRecord or isinstance(r.value, _CONTAINERS) for r in records)
 
 
 def envelopes(records: Sequence[SinkRecord], component: str) -> bytes:

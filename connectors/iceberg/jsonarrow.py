@@ -24,7 +24,7 @@ falls back:
 * non-ASCII bytes: the reader does not validate UTF-8 inside strings, so the batch's bytes are
   decoded once first (the engine hands over only values that passed that check, but a sink
   promising exactly what was sent checks rather than trusts);
-* a value that is not a JSON object (checked before the reader sees it: see :func:`_all_objects`);
+* a value that is not a JSON object (checked before the reader sees it, without decoding one);
 * a record without its bytes (``raw_value`` None: a transform that could not re-encode, a
   ``schemas.enable`` envelope), or any count of rows other than the records': falls back.
 
@@ -43,7 +43,7 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.types import BooleanType, DoubleType, IntegerType, LongType, StringType
 
-from eosink.connectors.api.records import LazyJsonRecord, SinkRecord
+from eosink.connectors.api.records import SinkRecord, values_of_types
 from eosink.connectors.iceberg.arrow import KAFKA_NAMES
 
 #: Column types the reader converts exactly as the checked path does (see the module docs).
@@ -51,8 +51,7 @@ _PARSED = (LongType, DoubleType, StringType, BooleanType)
 #: The smallest magnitude at which a double may be a rounded integer the checked path refuses.
 _EXACT_DOUBLE = float(2**53)
 _raw = attrgetter("raw_value")
-_value = attrgetter("value")
-_class = attrgetter("__class__")
+_OBJECTS = frozenset({dict})
 
 
 def _block_size(n: int) -> int:
@@ -74,19 +73,6 @@ def _doubles_exact(col: pa.ChunkedArray) -> bool:
     return len(zeros) == 0 or not pc.any(pc.less(pc.divide(1.0, zeros), 0.0)).as_py()
 
 
-def _all_objects(records: Sequence[SinkRecord]) -> bool:
-    """Every value a JSON object, known without decoding one: an undecoded record's bytes are an object
-    or an array (the reader refuses arrays), a decoded one's value says it.
-
-    Not left to the reader: it takes a top-level ``null`` as a row of nulls, and crashes the process on
-    one that starts its input (pyarrow 26; the checked path refuses a null value as a tombstone)."""
-    classes = set(map(_class, records))
-    if classes == {LazyJsonRecord}:
-        return True
-    decoded = map(_value, records) if LazyJsonRecord not in classes else (r.value for r in records if r.__class__ is not LazyJsonRecord)
-    return set(map(type, decoded)) == {dict}
-
-
 def from_json(schema: Schema, records: Sequence[SinkRecord], kafka: bool, topics: set[str]) -> pa.Table | None:
     """The records as an Arrow table with exactly ``schema``'s columns, parsed from their JSON bytes;
     None where the checked path must judge the batch (see the module docs)."""
@@ -97,7 +83,10 @@ def from_json(schema: Schema, records: Sequence[SinkRecord], kafka: bool, topics
         return None
     if kafka and not all(isinstance(f.field_type, (StringType, IntegerType, LongType)) for f in schema.fields if f.name in KAFKA_NAMES):
         return None
-    if not _all_objects(records):
+    # Every value a JSON object (an undecoded one is an object or an array, which the reader refuses):
+    # not left to the reader, which takes a top-level ``null`` as a row of nulls and crashes the process
+    # on one that starts its input (pyarrow 26; the checked path refuses a null value as a tombstone).
+    if not values_of_types(records, _OBJECTS):
         return None
     try:
         body = b"\n".join(map(_raw, records))
