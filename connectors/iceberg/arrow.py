@@ -311,6 +311,25 @@ def _convert(records: Sequence[SinkRecord], col: list[Any], field: NestedField, 
         raise _locate(records, col, name, f"{{value}} does not convert to column type {ftype} ({exc})", bad) from None
 
 
+def kafka_column(field: NestedField, arrow_type: pa.DataType, records: Sequence[SinkRecord], topics: set[str]) -> pa.Array | None:
+    """A Kafka coordinate column (``__topic``, ``__partition``, ``__offset``) of the types ``auto.create``
+    makes, from the engine's own values (pyarrow's range check is all they need; one topic is one
+    repeated value); None for another column type, which takes the checked conversion."""
+    if not kafka_column_built(field):
+        return None
+    if field.name == "__topic":
+        if len(topics) == 1:
+            return pa.repeat(pa.scalar(next(iter(topics)), arrow_type), len(records))
+        return pa.array([r.topic for r in records], type=arrow_type)
+    return pa.array([r.partition for r in records] if field.name == "__partition" else [r.offset for r in records],
+                    type=arrow_type)
+
+
+def kafka_column_built(field: NestedField) -> bool:
+    """Whether :func:`kafka_column` builds this coordinate column (its type is one ``auto.create`` makes)."""
+    return isinstance(field.field_type, StringType if field.name == "__topic" else (IntegerType, LongType))
+
+
 def to_arrow(schema: Schema, records: Sequence[SinkRecord], values: Sequence[dict[str, Any]], kafka: bool,
              unknown_ok: bool = False, topics: set[str] | None = None) -> pa.Table:
     """An Arrow table with exactly the table's columns, or a RecordError before anything is written.
@@ -334,18 +353,12 @@ def to_arrow(schema: Schema, records: Sequence[SinkRecord], values: Sequence[dic
     for f, af in zip(schema.fields, arrow_schema):
         # One column at a time with C-level map(dict.get): measured faster than comprehensions and
         # than an itemgetter + zip(*rows) transpose of the whole batch.
-        if kafka and f.name == "__topic" and len(topics) == 1 and isinstance(f.field_type, StringType):
-            arrays.append(pa.repeat(pa.scalar(next(iter(topics)), af.type), n))
-            continue
-        if kafka and f.name == "__topic":
-            col: list[Any] = [r.topic for r in records]
-        elif kafka and f.name in ("__partition", "__offset") and isinstance(f.field_type, (IntegerType, LongType)):
-            # Ints the engine produced, not JSON: pyarrow's own range check is all they need.
-            arrays.append(pa.array([r.partition for r in records] if f.name == "__partition" else [r.offset for r in records],
-                                   type=af.type))
-            continue
-        elif kafka and f.name in ("__partition", "__offset"):
-            col = [getattr(r, f.name[2:]) for r in records]
+        if kafka and f.name in KAFKA_NAMES:
+            coords = kafka_column(f, af.type, records, topics)
+            if coords is not None:
+                arrays.append(coords)
+                continue
+            col: list[Any] = [getattr(r, f.name[2:]) for r in records]  # another column type: checked as values are
         else:
             col = list(map(dict.get, values, repeat(f.name, n)))
         arrays.append(_convert(records, col, f, af.type))

@@ -41,10 +41,10 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
-from pyiceberg.types import BooleanType, DoubleType, IntegerType, LongType, StringType
+from pyiceberg.types import BooleanType, DoubleType, LongType, StringType
 
 from eosink.connectors.api.records import SinkRecord, values_of_types
-from eosink.connectors.iceberg.arrow import KAFKA_NAMES
+from eosink.connectors.iceberg.arrow import KAFKA_NAMES, kafka_column, kafka_column_built
 
 #: Column types the reader converts exactly as the checked path does (see the module docs).
 _PARSED = (LongType, DoubleType, StringType, BooleanType)
@@ -81,8 +81,8 @@ def from_json(schema: Schema, records: Sequence[SinkRecord], kafka: bool, topics
     value_fields = [f for f in schema.fields if not (kafka and f.name in KAFKA_NAMES)]
     if not value_fields or not all(isinstance(f.field_type, _PARSED) for f in value_fields):
         return None
-    if kafka and not all(isinstance(f.field_type, (StringType, IntegerType, LongType)) for f in schema.fields if f.name in KAFKA_NAMES):
-        return None
+    if kafka and not all(kafka_column_built(f) for f in schema.fields if f.name in KAFKA_NAMES):
+        return None  # (before the parse: a table like that would parse every batch for nothing)
     # Every value a JSON object (an undecoded one is an object or an array, which the reader refuses):
     # not left to the reader, which takes a top-level ``null`` as a row of nulls and crashes the process
     # on one that starts its input (pyarrow 26; the checked path refuses a null value as a tombstone).
@@ -117,14 +117,11 @@ def from_json(schema: Schema, records: Sequence[SinkRecord], kafka: bool, topics
         if isinstance(f.field_type, DoubleType) and not _doubles_exact(col):
             return None
     arrays: list[pa.Array | pa.ChunkedArray] = []
-    for af in arrow_schema:
-        if not (kafka and af.name in KAFKA_NAMES):
-            arrays.append(parsed.column(af.name))
-        elif af.name == "__topic":
-            arrays.append(pa.repeat(pa.scalar(next(iter(topics)), af.type), n) if len(topics) == 1
-                          else pa.array([r.topic for r in records], type=af.type))
-        elif af.name == "__partition":
-            arrays.append(pa.array([r.partition for r in records], type=af.type))
-        else:
-            arrays.append(pa.array([r.offset for r in records], type=af.type))
+    for f, af in zip(schema.fields, arrow_schema):
+        if not (kafka and f.name in KAFKA_NAMES):
+            arrays.append(parsed.column(f.name))
+            continue
+        coords = kafka_column(f, af.type, records, topics)
+        assert coords is not None  # (built: checked above)
+        arrays.append(coords)
     return pa.Table.from_arrays(arrays, schema=arrow_schema)
