@@ -247,7 +247,7 @@ class PartitionPublisher:
             self._producer = Producer(conf)
         except KafkaException as e:
             raise PublishError(f"invalid producer configuration for '{self.tid}': {e.args[0].str()}") from None
-        self._native = native_produce.loop_for(self._producer) if spec.native_produce else None
+        self._native = native_produce.loop_for(self._producer) if spec.native_produce and _plain_outbox(spec) else None
         try:
             # A broker connection first: librdkafka asks for the transaction coordinator at once and, with no
             # broker up yet (a busy executor), retries only 500 ms later - measured here in about half of the tasks.
@@ -305,6 +305,8 @@ class PartitionPublisher:
         cycles, yet they would trigger a collection every few hundred rows (~4% of the task's CPU
         in a profile), each walking every young object of the worker.
         """
+        if self._native is not None and self._produce_natively(batch):
+            return
         producer = self._producer
         assert producer is not None
         produce = producer.produce
@@ -312,8 +314,6 @@ class PartitionPublisher:
         run_header = (RUN_HEADER, run)
         seq = self.seq
         cols = batch.columns
-        if self._native is not None and self._produce_natively(batch):
-            return
         plan = []
         for ob in self.spec.outboxes:
             whens = cols[ob.when_col].to_pylist() if ob.when_col is not None else None
@@ -355,15 +355,11 @@ class PartitionPublisher:
         producer.poll(0)
 
     def _produce_natively(self, batch: pa.RecordBatch) -> bool:
-        """The common case (one topic, every row, only the two eosink headers) in the C loop
-        (:mod:`eosink.spark_jobs.native`); False, having produced nothing, where it does not apply."""
+        """The common case (:func:`_plain_outbox`) in the C loop (:mod:`eosink.spark_jobs.native`);
+        False, having produced nothing, for columns it does not read."""
         native = self._native
         assert native is not None and self._producer is not None
-        if len(self.spec.outboxes) != 1 or self.spec.extra_headers:
-            return False
         ob = self.spec.outboxes[0]
-        if ob.when_col is not None or ob.headers:
-            return False
         keys, values = batch.column(ob.key_col), batch.column(ob.value_col)
         if not native.fits(keys, values):
             return False
@@ -524,6 +520,11 @@ class PartitionPublisher:
             self.tid,
             dict(self.steps),
         )
+
+
+def _plain_outbox(spec: TaskSpec) -> bool:
+    """The common case the C loop takes: one topic, every row, only the two eosink headers."""
+    return len(spec.outboxes) == 1 and not spec.extra_headers and spec.outboxes[0].when_col is None and not spec.outboxes[0].headers
 
 
 def publish_partition(spec: TaskSpec, partition: int, attempt: int, batches: Iterator[pa.RecordBatch]) -> PartitionResult:
