@@ -4,14 +4,18 @@ PY_SYS ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 EOSINK := $(VENV)/bin/eosink
+# setuptools' one notice for every editable install of a package_dir layout ("be careful with folders
+# ... with the same name as your package"): there is no such folder here, so it is filtered, and
+# nothing else is; any other warning of the install still shows.
+PIP_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt setup.py spark_jobs/native/produce.c | sha1sum | cut -c1-12)
 
-.PHONY: venv stack secure-stack demo secure-demo test observe down clean bench soak images container-demo $(BENCHES)
+.PHONY: venv stack secure-stack demo secure-demo test docs observe down clean bench soak images container-demo $(BENCHES)
 
 $(STAMP):
 	@test -x $(PY) || $(PY_SYS) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	$(PIP_QUIET) $(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	@rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 venv: $(STAMP)
@@ -32,11 +36,17 @@ demo: stack
 secure-demo: secure-stack
 	EOSINK_HOME=$(SECURE_HOME) $(EOSINK) demo
 
-# Lint and types first (seconds), then the suite against the real stack.
+# Lint, types and the documentation site first (seconds; --strict: a broken link, page or anchor
+# fails), then the suite against the real stack.
 test: stack secure-stack
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+	$(PY) -m mkdocs build --strict --quiet
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The documentation site (docs/, mkdocs.yml) at http://127.0.0.1:8000, rebuilt as pages change.
+docs: venv
+	$(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
 
 # Three workers watched by a real Prometheus with docker/observability/alerts.yml; a drill fires
 # EosinkTaskFailed and EosinkWorkerDown; prints the URL and the firing alerts (OBSERVE_ARGS=--once to exit).

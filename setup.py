@@ -10,13 +10,15 @@ installs without it and the publisher produces from Python.
 
 import os
 
-from setuptools import Extension, find_packages, setup
+from setuptools import Extension, find_namespace_packages, setup
 
 ROOTS = ("worker", "connectors", "spark_jobs")
 NATIVE = "spark_jobs/native/produce.c"
 
 setup(
-    packages=["eosink." + p for p in find_packages(include=[f"{r}*" for r in ROOTS])],
+    # Namespace discovery, so the data-only folders (the jvm/ poms) are declared packages too: with plain
+    # find_packages setuptools found them importable but undeclared and warned once per folder at install.
+    packages=["eosink." + p for p in find_namespace_packages(include=[f"{r}*" for r in ROOTS], exclude=["*__pycache__"])],
     package_dir={f"eosink.{r}": r for r in ROOTS},
     # (Absent while a container build installs the dependencies from the metadata alone.)
     ext_modules=[Extension("eosink.spark_jobs.native._produce", [NATIVE], optional=True, extra_compile_args=["-O2"])]

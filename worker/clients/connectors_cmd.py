@@ -1,8 +1,8 @@
 """``eosink connectors ...``: the control plane from the command line, through a worker's REST API.
 
     eosink connectors [--url URL] apply FILE|DIR...     create or update (idempotent; all files validated first)
-    eosink connectors list | plugins [--docs]
-    eosink connectors status [NAME] [--watch] [--json]  states; per partition: epoch, lag, delivered
+    eosink connectors list | plugins [--docs | --write-docs DIR]
+    eosink connectors status [NAME] [--watch | --wait] [--json]  states; per partition: epoch, lag, delivered
     eosink connectors pause|resume|stop|delete NAME
     eosink connectors restart NAME [--include-tasks] [--only-failed]
     eosink connectors offsets NAME [--set TOPIC:PARTITION=OFFSET ...] [--reset]
@@ -77,6 +77,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--watch", action="store_true", help="refresh until interrupted")
     setting(p, "--interval", kind=typed.DURATION, default="2", help="with --watch: time between refreshes (2, 500ms, ...)")
     setting(p, "--count", kind=typed.COUNT, default="0", help="with --watch: stop after this many refreshes (0 = never)")
+    p.add_argument("--wait", action="store_true",
+                   help="refresh until every task is RUNNING and every partition has lag 0 (exit 1 after --timeout)")
+    setting(p, "--timeout", kind=typed.DURATION, default="120", help="with --wait: give up after this long (120, 30s, 5m)")
     p.add_argument("--json", action="store_true")
     for action in ("pause", "resume", "stop", "delete", "transactions"):
         a.add_parser(action).add_argument("name")
@@ -91,6 +94,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--reset", action="store_true")
     p = a.add_parser("plugins", help="connector classes; --docs prints every configuration key as Markdown")
     p.add_argument("--docs", action="store_true")
+    p.add_argument("--write-docs", metavar="DIR", help="rewrite the generated configuration pages under DIR (docs)")
     c.set_defaults(func=run)
 
 
@@ -107,10 +111,14 @@ def _files(paths: list[str]) -> Iterator[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.action == "plugins" and args.docs:
-        from eosink.worker.control.plugins import render_markdown
+    if args.action == "plugins" and (args.docs or args.write_docs):
+        from eosink.worker.control import config_docs
 
-        print(render_markdown())
+        if args.write_docs:
+            for page in config_docs.write_docs(Path(args.write_docs)):
+                print(f"rewrote {page}")
+        else:
+            print(config_docs.render_markdown())
         return 0
     if args.zookeeper:
         if args.action not in ACTIONS_DIRECT:
@@ -222,7 +230,24 @@ def _render(status: dict[str, Any]) -> list[str]:
     return lines
 
 
+def behind(doc: dict[str, Any]) -> str | None:
+    """Why the connector of status ``doc`` is not caught up (every task RUNNING, every partition read and
+    at lag 0), or None when it is."""
+    if doc["connector"]["state"] != "RUNNING":
+        return f"connector {doc['name']} is {doc['connector']['state']}"
+    parts = [p for t in doc["tasks"] for p in t.get("partitions", [])]
+    for t in doc["tasks"]:
+        if t["state"] != "RUNNING" or t.get("eosink_state"):
+            return f"task {t['id']} is {t.get('eosink_state') or t['state']}"
+    if not parts:
+        return "no partition is assigned yet"
+    lagging = [f"{p['partition']} (lag {'unknown' if p.get('lag') is None else p['lag']})" for p in parts if p.get("lag") != 0]
+    return f"behind: {', '.join(lagging)}" if lagging else None
+
+
 def _status(args: argparse.Namespace, client: Any) -> None:
+    if args.wait:
+        return _wait(args, client)
     refreshes = 0
     while True:
         names = [args.name] if args.name else client.names()
@@ -243,3 +268,21 @@ def _status(args: argparse.Namespace, client: Any) -> None:
         if not args.watch or (args.count and refreshes >= args.count):
             return
         time.sleep(args.interval)
+
+
+def _wait(args: argparse.Namespace, client: Any) -> None:
+    """``status --wait``: poll until caught up, then print the status once; a timeout is an error naming
+    what still lags (so a script can wait for delivery the way ``kubectl wait`` waits for a condition)."""
+    deadline = time.monotonic() + args.timeout
+    while True:
+        names = [args.name] if args.name else client.names()
+        docs = [client.status(n) for n in names]
+        reasons = [r for r in map(behind, docs) if r]
+        if docs and not reasons:
+            break
+        if time.monotonic() >= deadline:
+            raise EosinkError(f"not caught up after {args.timeout:g} s: {'; '.join(reasons) or 'no connectors'}",
+                              component="cli")
+        time.sleep(0.5)
+    print(json.dumps(docs[0] if args.name else docs, indent=2) if args.json else "\n".join(
+        line for d in docs for line in _render(d)))

@@ -3,8 +3,8 @@
 One source of truth: each sink class's ``CONFIG`` (a :class:`~eosink.connectors.api.config.ConfigDef`) plus
 the engine's :data:`eosink.worker.control.config.COMMON` keys. The same declarations drive registration
 (:func:`eosink.worker.control.config.parse_connector`), ``PUT /connector-plugins/{p}/config/validate`` (Kafka
-Connect's ``ConfigInfos`` shape: every key, its value and its errors) and ``docs/configuration.md``
-(:func:`render_markdown`).
+Connect's ``ConfigInfos`` shape: every key, its value and its errors) and the generated reference pages
+(:mod:`eosink.worker.control.config_docs`).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def find(name: str) -> Plugin | None:
     return None
 
 
-def _groups(plugin: Plugin, config: Mapping[str, Any]) -> list[tuple[str, str, ConfigDef]]:
+def key_groups(plugin: Plugin, config: Mapping[str, Any]) -> list[tuple[str, str, ConfigDef]]:
     """(group, key prefix, definition) for every group of keys ``plugin`` reads."""
     common = ConfigDef({k: v for k, v in COMMON.keys.items() if k not in _ERROR_KEYS})
     errors = ConfigDef({k: v for k, v in COMMON.keys.items() if k in _ERROR_KEYS})
@@ -95,7 +95,7 @@ def _groups(plugin: Plugin, config: Mapping[str, Any]) -> list[tuple[str, str, C
     return out
 
 
-def _str(v: Any) -> str | None:
+def display_value(v: Any) -> str | None:
     if v is None:
         return None
     if isinstance(v, bool):
@@ -115,7 +115,7 @@ def validate(plugin: Plugin, config: Mapping[str, Any]) -> dict[str, Any]:
     groups: list[str] = []
     errors_by_key: dict[str, list[str]] = {}
     order = 0
-    for group, prefix, cdef in _groups(plugin, config):
+    for group, prefix, cdef in key_groups(plugin, config):
         groups.append(group)
         sub = {k[len(prefix):]: v for k, v in config.items() if k.startswith(prefix)}
         for key in cdef.keys.values():
@@ -131,10 +131,10 @@ def validate(plugin: Plugin, config: Mapping[str, Any]) -> dict[str, Any]:
                     errors.append(exc.message.split(": ", 1)[-1])
             errors_by_key[full] = errors
             order += 1
-            shown = MASK if key.type is Type.PASSWORD and value not in (None, "") else _str(value)
+            shown = MASK if key.type is Type.PASSWORD and value not in (None, "") else display_value(value)
             configs.append({
                 "definition": {"name": full, "type": key.type.value, "required": key.required,
-                               "default_value": None if key.required else _str(key.default), "importance": key.importance.value,
+                               "default_value": None if key.required else display_value(key.default), "importance": key.importance.value,
                                "documentation": key.doc, "group": group, "width": "NONE", "display_name": full,
                                "dependents": [], "order": order},
                 "value": {"name": full, "value": shown, "recommended_values": [], "errors": errors, "visible": True},
@@ -148,7 +148,7 @@ def validate(plugin: Plugin, config: Mapping[str, Any]) -> dict[str, Any]:
                 configs.append({"definition": {"name": culprit, "type": "STRING", "required": False, "default_value": None,
                                                "importance": "HIGH", "documentation": "", "group": "Common", "width": "NONE",
                                                "display_name": culprit, "dependents": [], "order": order + 1},
-                                "value": {"name": culprit, "value": _str(config.get(culprit)), "recommended_values": [],
+                                "value": {"name": culprit, "value": display_value(config.get(culprit)), "recommended_values": [],
                                           "errors": errors_by_key[culprit], "visible": True}})
             errors_by_key[culprit].append(problem.message.split(": ", 1)[-1])
     return {"name": plugin.class_name, "error_count": sum(len(e) for e in errors_by_key.values()), "groups": groups,
@@ -183,32 +183,10 @@ def errors_message(infos: dict[str, Any], plugin_name: str) -> str:
 def config_keys(plugin: Plugin) -> list[dict[str, Any]]:
     """``GET /connector-plugins/{p}/config``: Kafka Connect's ConfigKeyInfo list."""
     out: list[dict[str, Any]] = []
-    for group, prefix, cdef in _groups(plugin, {}):
+    for group, prefix, cdef in key_groups(plugin, {}):
         for key in cdef.keys.values():
             out.append({"name": prefix + key.name, "type": key.type.value, "required": key.required,
-                        "default_value": None if key.required else _str(key.default), "importance": key.importance.value,
+                        "default_value": None if key.required else display_value(key.default), "importance": key.importance.value,
                         "documentation": key.doc, "group": group, "width": "NONE", "display_name": prefix + key.name,
                         "dependents": [], "order": len(out) + 1})
     return out
-
-
-def render_markdown() -> str:
-    """``docs/configuration.md``: every key of every connector, generated from the declarations."""
-    lines = ["# Connector configuration", "",
-             "Generated from the declared configuration (`eosink connectors plugins --docs`); do not edit by hand.", "",
-             "Values may be `${env:VAR}` or `${file:/path:key}` (resolved by the worker that runs the connector). "
-             "`PASSWORD` values are shown as `[hidden]` in every response and log line.", ""]
-    seen: set[str] = set()
-    for p in plugins():
-        for group, prefix, cdef in _groups(p, {}):
-            if group in seen:
-                continue  # Common and Error Handling: once
-            seen.add(group)
-            title = f"{p.alias} (`{p.class_name}`)" if group == p.alias and p.cls is not None else group
-            lines += [f"## {title}", "", "| key | type | default | importance | description |", "|---|---|---|---|---|"]
-            for key in cdef.keys.values():
-                default = "*required*" if key.required else f"`{_str(key.default)}`"
-                doc = key.doc.replace("|", "\\|").replace("\n", " ")
-                lines.append(f"| `{prefix}{key.name}` | {key.type.value} | {default} | {key.importance.value} | {doc} |")
-            lines.append("")
-    return "\n".join(lines)
