@@ -41,12 +41,12 @@ secure-demo: secure-stack
 test: stack secure-stack
 	$(PY) -m ruff check .
 	$(PY) -m mypy
-	$(PY) -m mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The documentation site (docs/, mkdocs.yml) at http://127.0.0.1:8000, rebuilt as pages change.
 docs: venv
-	$(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
 
 # Three workers watched by a real Prometheus with docker/observability/alerts.yml; a drill fires
 # EosinkTaskFailed and EosinkWorkerDown; prints the URL and the firing alerts (OBSERVE_ARGS=--once to exit).
@@ -54,7 +54,7 @@ observe: stack
 	$(PY) bench/observe.py $(OBSERVE_ARGS)
 
 # Container images (eosink-worker, eosink-spark): podman when no Docker engine answers, on a Debian
-# base made by mmdebstrap, from a wheelhouse built here (see README, "Containers").
+# base made by mmdebstrap, from a wheelhouse built here (see docs/operations/containers.md).
 images: venv
 	nice $(EOSINK) images build $(IMAGES)
 

@@ -3,7 +3,7 @@
 #     docker build -f docker/spark-job.Dockerfile -t eosink-spark:0.1.0 .
 #     docker run --rm eosink-spark:0.1.0 orders --bootstrap kafka:9092 --topic orders --n 10000 --run-id r1
 # or `make images` / `eosink images build spark` (podman, Debian base, offline wheelhouse).
-# With a cluster, submit the same code instead: see "Spark jobs" in docs/control-plane.md.
+# With a cluster, submit the same code instead: see "Spark jobs" in docs/operations/containers.md.
 
 # bookworm pinned: Debian 13 (what python:3.11-slim follows now) has no openjdk-17.
 ARG BASE_IMAGE=python:3.11-slim-bookworm

@@ -3,7 +3,7 @@
 #     docker build -f docker/worker.Dockerfile -t eosink-worker:0.1.0 .
 # or `make images` / `eosink images build worker`, which builds with podman when no Docker engine
 # answers, on a Debian base made by mmdebstrap (BASE_IMAGE) and from an offline wheelhouse.
-# Configure with EOSINK_* variables (see `eosink worker --help` and docs/control-plane.md).
+# Configure with EOSINK_* variables (see `eosink worker --help` and docs/operations/cluster.md).
 
 # bookworm pinned: the public base and the Debian base built here carry the same Python 3.11.
 ARG BASE_IMAGE=python:3.11-slim-bookworm

@@ -1,4 +1,4 @@
-"""The names the publisher fixes (see the README).
+"""The names the publisher fixes (see spark_jobs/README.md).
 
 * transactional.id ``eosink-{job}-{run_id}-{partition}``: stable per (job, run, partition) and *not*
   per attempt, so every attempt of a partition, retried, speculative or re-run, shares it and the

@@ -1,4 +1,4 @@
-"""The failure table of docs/architecture.md, one row per test, on the real engine and memory sinks."""
+"""The failure table of docs/concepts/commit-cycle.md, one row per test, on the real engine and memory sinks."""
 
 from __future__ import annotations
 

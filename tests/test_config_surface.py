@@ -105,13 +105,16 @@ def test_connectors_apply_refuses_an_unknown_key_naming_the_file(tmp_path):
     assert str(f) in str(err.value) and "tabel.name.format" in str(err.value)
 
 
-def test_every_registration_the_readme_shows_is_valid():
+def test_every_registration_the_docs_show_is_valid():
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    blocks = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", readme, re.S) if '"connector.class"' in b]
-    assert len(blocks) >= 2
+    repo = Path(__file__).resolve().parent.parent
+    pages = [repo / "README.md", *sorted((repo / "docs").rglob("*.md"))]
+    blocks = [json.loads(b) for page in pages for b in re.findall(r"```json\n(.*?)```", page.read_text(), re.S)
+              if '"connector.class"' in b]
+    blocks += [json.loads(f.read_text()) for f in sorted((repo / "configs").glob("*.json"))]
+    assert len(blocks) >= 5
     for doc in blocks:
         parse_connector(doc["name"], doc["config"], resolve=False, check_clients=True)
 

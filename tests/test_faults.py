@@ -6,7 +6,7 @@ ports, while a transactional producer publishes the whole time (every 4th transa
 and three workers deliver the whole time into PostgreSQL and files. The end is counted from
 the sinks: every committed id once, none from an aborted transaction, no prepared transaction
 left. Each test prints a ``FAULT-FIGURES`` line (longest delivery stall, catch-up after the
-fault ends, what ``/status`` and the log said), the numbers behind the README's fault matrix.
+fault ends, what ``/status`` and the log said), the numbers behind the fault matrix (docs/faults.md).
 """
 
 from __future__ import annotations

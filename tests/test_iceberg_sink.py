@@ -614,7 +614,7 @@ SPARK_READER = textwrap.dedent("""
     name = f"{catalog}.{table}"
     out = {"rows": [r.asDict() for r in spark.sql(f"SELECT * FROM {name}").collect()],
            "txns": [r[0] for r in spark.sql(f"SELECT summary['eosink.txn'] FROM {name}.snapshots ORDER BY committed_at").collect()]}
-    # the README's compaction recipe, on a table whose commits never retry
+    # the compaction recipe of docs/connectors/iceberg.md, on a table whose commits never retry
     spark.sql(f"CALL {catalog}.system.rewrite_data_files(table => '{table}', options => map('min-input-files', '2'))").collect()
     out["files_after_compaction"] = spark.sql(f"SELECT count(*) FROM {name}.files").collect()[0][0]
     out["rows_after_compaction"] = spark.sql(f"SELECT count(*) FROM {name}").collect()[0][0]

@@ -485,9 +485,9 @@ def test_spark_publish_outbox_as_the_publisher_publishes_every_row_once_and_a_re
     assert sorted(read_keys(admin_conf, topic)) == [f"k-{i:04d}" for i in range(200)]
 
 
-def test_readme_lists_exactly_the_kafka_grants_the_stack_applies() -> None:
-    """The README's Kafka table is the code's table: a grant added, dropped or changed without the docs fails here."""
+def test_the_security_page_lists_exactly_the_kafka_grants_the_stack_applies() -> None:
+    """The docs' Kafka table is the code's table: a grant added, dropped or changed without the docs fails here."""
     from eosink.worker.stack import kafka_acl
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert kafka_acl.table() in readme
+    page = (Path(__file__).resolve().parent.parent / "docs" / "operations" / "security.md").read_text()
+    assert kafka_acl.table() in page

@@ -1,7 +1,7 @@
 """The pipeline's essential cases on the locked-down stack (``eosink stack up --secure``).
 
 Every process runs as the principal a production deployment grants, with nothing more than the
-README's least-privilege tables: the publisher as ``eosink-publisher`` (outbox topics ``outbox.*``,
+least-privilege tables of docs/operations/security.md: the publisher as ``eosink-publisher`` (outbox topics ``outbox.*``,
 transactional.ids ``eosink-outbox.*``), workers as ``eosink-worker`` over SASL_SSL, as the cluster's
 ZooKeeper digest principal over TLS, as ``eosink_sink`` in PostgreSQL (scram over TLS, a schema of
 its own) and as ``eosink-sink`` in MinIO (one bucket, over TLS). What the open suites prove -

@@ -180,7 +180,7 @@ class Membership:
                 continue
             self._refusals_logged.add((name, topic))
             log.error("kafka_topic_refused", connector=name, topic=topic, error=code,
-                      message=f"{code}: the worker may not READ topic {topic}; grant it (see the README's ACL table)")
+                      message=f"{code}: the worker may not READ topic {topic}; grant it (docs/operations/security.md: Kafka)")
         return found
 
     def my_assignment(self) -> dict[str, set[TopicPartition]]:

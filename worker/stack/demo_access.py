@@ -3,7 +3,7 @@
 The demo does the same things on both: reset its topic, table, lake, archive and connector state;
 publish from Spark; start a worker; register ``configs/demo-orders*.json`` through the REST API; count
 every sink. On the open stack one all-powerful identity does all of it. On the secure stack each step
-runs as the principal a production deployment would use, with exactly the grants the README lists:
+runs as the principal a production deployment would use, with exactly the grants docs/operations/security.md lists:
 
 - the Spark job publishes as ``eosink-publisher`` (outbox topic ``outbox.*``, job ``outbox.*`` so its
   transactional.ids fall under the granted ``eosink-outbox.`` prefix);

@@ -77,7 +77,7 @@ class Engine:
 
 
 class Built(TypedDict):
-    """What :func:`build` reports per image (README's size and build-time table comes from these)."""
+    """What :func:`build` reports per image (the size and build-time table of docs/operations/containers.md comes from these)."""
 
     tag: str
     size_bytes: int

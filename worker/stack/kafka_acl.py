@@ -3,7 +3,7 @@
 The broker denies whatever no ACL allows (``allow.everyone.if.no.acl.found=false``); ``admin`` is
 the only super user. :data:`GRANTS` is everything else anyone may do. Each grant was found by
 experiment (``tests/test_secure_kafka.py`` removes each one in turn and shows what then fails, with
-which error), and each has a one-line *why*: the README's table is this table.
+which error), and each has a one-line *why*: the table in docs/operations/security.md is this table.
 
 Names a secure deployment keeps under the granted prefixes:
 
@@ -151,7 +151,7 @@ def apply(config: Mapping[str, Any], timeout_s: float = 30.0) -> None:
 
 
 def table() -> str:
-    """The grants as a Markdown table (the README's)."""
+    """The grants as a Markdown table (the one docs/operations/security.md shows)."""
     rows = ["| principal | resource | operation | why |", "|---|---|---|---|"]
     for g in GRANTS:
         what = f"{g.resource_type.lower().replace('_', '.')} {'prefix ' if g.pattern_type == 'PREFIXED' else ''}`{g.name}`"
