@@ -28,24 +28,34 @@ def digest_of(svg_text: str) -> str | None:
     return m.group(1) if m else None
 
 
-def bar_label(row: dict[str, Any]) -> str:
+def bar_label(row: dict[str, Any], by_ratio: bool) -> str:
     """What is written at the end of a bar: the value (its unit is the axis's), and its ratio to the baseline."""
+    if by_ratio:
+        return "baseline" if row["baseline"] else f"{row['ratio']:.2f}x" if row["ratio"] is not None else "not recorded"
     value = number(row["value"]) if row["value"] is not None else "not recorded"
     if row["baseline"]:
         return f"{value} (baseline)"
     return f"{value} ({row['ratio']:.2f}x)" if row["ratio"] is not None else value
 
 
+def bar_lengths(rows: list[dict[str, Any]]) -> tuple[list[float], bool]:
+    """Each row's value; or, where a run recorded ratios but no single value for any row (figures
+    over many runs that moved with the machine's load), each row's ratio to the baseline."""
+    if all(r["value"] is None for r in rows) and any(r["ratio"] is not None for r in rows):
+        return [1.0 if r["baseline"] else r["ratio"] or 0.0 for r in rows], True
+    return [r["value"] or 0.0 for r in rows], False
+
+
 def write_svg(fig: dict[str, Any], digest: str, path: Path) -> None:
-    """Horizontal bars of each row's value, top to bottom in the figures' order, the baseline grey
-    and hatched; rows without a value keep their place and say so."""
+    """Horizontal bars of each row's value (see :func:`bar_lengths`), top to bottom in the figures'
+    order, the baseline grey and hatched; rows without a value keep their place and say so."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
     rows = fig["rows"]
-    labels = [textwrap.fill(r["label"], 40) for r in rows]
+    labels = [textwrap.fill(r["label"], 40, break_on_hyphens=False) for r in rows]
     height = 1.1 + sum(0.22 + 0.16 * label.count("\n") for label in labels) + 0.2 * len(rows)
     with matplotlib.rc_context({
         "svg.hashsalt": "eosink-bench",  # ids from a fixed salt: identical figures, identical bytes
@@ -56,7 +66,7 @@ def write_svg(fig: dict[str, Any], digest: str, path: Path) -> None:
         chart = Figure(figsize=(8.0, max(2.0, height)))
         ax = chart.add_subplot()
         y = list(range(len(rows)))
-        values = [r["value"] or 0.0 for r in rows]
+        values, by_ratio = bar_lengths(rows)
         bars = ax.barh(y, values, height=0.62, color=[BASELINE if r["baseline"] else BAR for r in rows],
                        edgecolor=["#707070" if r["baseline"] else BAR for r in rows], linewidth=0.6)
         for bar, r in zip(bars, rows):
@@ -64,12 +74,13 @@ def write_svg(fig: dict[str, Any], digest: str, path: Path) -> None:
                 bar.set_hatch("///")
         top = max(values) if any(values) else 1.0
         for i, r in enumerate(rows):
-            ax.text(values[i] + top * 0.01, i, bar_label(r), va="center", fontsize=8)
+            ax.text(values[i] + top * 0.01, i, bar_label(r, by_ratio), va="center", fontsize=8)
         ax.set_yticks(y, labels)
         ax.invert_yaxis()
         ax.set_xlim(0, top * 1.4)
-        ax.set_xlabel(f"{fig['unit']} (measured {fig['measured']})")
-        ax.set_title(textwrap.fill(fig["title"], 80), fontsize=10, loc="left")
+        unit = "ratio to the baseline (no single rates recorded)" if by_ratio else fig["unit"]
+        ax.set_xlabel(f"{unit} (measured {fig['measured']})")
+        chart.suptitle(textwrap.fill(fig["title"], 100, break_on_hyphens=False), x=0.01, ha="left", fontsize=10)
         ax.spines[["top", "right"]].set_visible(False)
         ax.xaxis.set_major_formatter(lambda v, _pos: number(v))
         chart.tight_layout()

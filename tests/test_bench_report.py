@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from bench import report
-from bench._chart import digest_of
+from bench._chart import bar_lengths, digest_of
 from bench._table import table
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,6 +57,12 @@ def test_the_chart_is_the_same_bytes_for_the_same_figures(tmp_path: Path) -> Non
     first = svg.read_bytes()
     report.render(tmp_path)
     assert svg.read_bytes() == first
+
+
+def test_rows_recorded_as_ratios_only_are_drawn_by_their_ratios() -> None:
+    rows = [report.row("ceiling", None, baseline=True), {**report.row("sink", None), "ratio": 0.59}]
+    assert bar_lengths(rows) == ([1.0, 0.59], True)
+    assert bar_lengths(small_figure()["rows"]) == ([1000.0, 750.0, 0.0], False)
 
 
 def test_a_malformed_figure_is_refused_before_anything_is_written(tmp_path: Path) -> None:
