@@ -8,6 +8,7 @@ that is not rendered again must fail here, naming the file that went stale.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from bench._chart import bar_lengths, digest_of
 from bench._table import table
 
 REPO = Path(__file__).resolve().parent.parent
+#: One figure per bench script (bench/bench_*.py but the transforms' micro-benchmark).
+BENCHMARKS = {"worker", "e2e", "postgres", "s3", "http", "iceberg", "spark", "cluster"}
 
 
 def small_figure() -> dict[str, Any]:
@@ -72,6 +75,26 @@ def test_a_malformed_figure_is_refused_before_anything_is_written(tmp_path: Path
     with pytest.raises(ValueError, match=r"unit: missing.*rows\[1\]\.value: str where int or float or null"):
         report.publish(fig, tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+def test_the_committed_figures_match_their_tables_and_charts() -> None:
+    assert report.check(REPO) == []
+    assert {p.stem for p in (REPO / report.FIGURES).glob("*.json")} >= BENCHMARKS
+
+
+def test_a_figure_edited_without_rendering_again_fails_the_check_naming_its_files(tmp_path: Path) -> None:
+    for sub in (report.FIGURES, report.DOCS):
+        shutil.copytree(REPO / sub, tmp_path / sub)
+    path = tmp_path / report.FIGURES / "worker.json"
+    fig = json.loads(path.read_text(encoding="utf-8"))
+    fig["rows"][0]["value"] += 1
+    path.write_text(json.dumps(fig, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    found = report.check(tmp_path)
+
+    assert [line.split(":")[0] for line in found] == ["docs/benchmarks/worker.table", "docs/benchmarks/worker.svg"]
+    report.render_one(path, tmp_path)
+    assert report.check(tmp_path) == []
 
 
 def test_a_table_or_chart_without_its_figure_is_named(tmp_path: Path) -> None:
