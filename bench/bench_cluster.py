@@ -25,7 +25,9 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -33,6 +35,7 @@ from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from kazoo.client import KazooClient  # noqa: E402
 
+from bench import report  # noqa: E402
 from eosink.worker.stack import load_endpoints  # noqa: E402
 from tests.procs import WorkerProcess, register, wait_until  # noqa: E402
 
@@ -213,14 +216,15 @@ def _decisions(rig: Rig) -> int:
     return max(counters, default=0)
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--session-timeout", type=float, default=6.0)
     ap.add_argument("--commit-interval-ms", type=int, default=1000)
     ap.add_argument("--partitions", type=int, default=1000)
     ap.add_argument("--output", default="bench/results/cluster.json")
     ap.add_argument("--workdir", help="keep worker logs here instead of a temporary directory")
-    args = ap.parse_args()
+    report.add_arguments(ap)
+    args = ap.parse_args(argv)
     ep = load_endpoints()
     with tempfile.TemporaryDirectory(prefix="eosink-bench-cluster-") as d:
         tmp = Path(args.workdir or d)
@@ -240,8 +244,35 @@ def main() -> int:
     for name, value, note in rows:
         print(f"  {name:<60} {value:>10}   {note}")
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps({"args": vars(args), "results": res}, indent=2))
+    Path(args.output).write_text(json.dumps({"args": {**vars(args), "publish_dir": str(args.publish_dir)}, "results": res}, indent=2))
+    conditions = (f"three worker processes, a producer keeping the outbox busy, session timeout {args.session_timeout:g} s, "
+                  f"commit.interval.ms {args.commit_interval_ms}; ZooKeeper writes per cycle in steady state: "
+                  f"{res['zk_writes_per_cycle']} ({res['zk_writes']} writes / {res['cycles']} cycles; one multi-op per "
+                  f"decision); {report.load_note()}")
+    report.maybe_publish(args, lambda: report.figure(
+        "cluster", title=TITLE, measures=MEASURES, baseline=BASELINE, conditions=conditions, unit="seconds",
+        rows=figure_rows(res, args.partitions), targets=figure_targets(res, args.session_timeout), argv=argv))
     return 0
+
+
+TITLE = "Cluster: failover, graceful handoff and assignment convergence"
+MEASURES = ("Seconds until work moves between real worker processes: a kill -9 or a SIGTERM of the owner of a partition "
+            "to the first decision by its new owner, and a new connector to every partition held and balanced.")
+BASELINE = "none: each measure is held to its target (the session timeout for a failover)"
+
+
+def figure_rows(res: dict[str, Any], partitions: int) -> list[dict[str, Any]]:
+    return [report.row(label, round(res[key], 2)) for label, key in (
+        ("failover: kill -9 of the owner of partition 0 -> first decision by its new owner", "failover_s"),
+        ("graceful handoff: SIGTERM -> first decision by the new owner", "graceful_handoff_s"),
+        (f"assignment convergence: {partitions:,} partitions over 3 workers, balanced and held", "convergence_s"))]
+
+
+def figure_targets(res: dict[str, Any], session_timeout: float) -> list[dict[str, Any]]:
+    bound = session_timeout + 2
+    return [report.target("failover", f"<= session timeout + 2 s ({bound:g} s)", f"{res['failover_s']:.2f} s", res["failover_s"] <= bound),
+            report.target("graceful handoff", "<= 1 s", f"{res['graceful_handoff_s']:.2f} s", res["graceful_handoff_s"] <= 1),
+            report.target("assignment convergence", "<= 5 s", f"{res['convergence_s']:.2f} s", res["convergence_s"] <= 5)]
 
 
 if __name__ == "__main__":

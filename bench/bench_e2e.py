@@ -58,6 +58,7 @@ from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 from psycopg import sql  # noqa: E402
 
+from bench import report as published  # noqa: E402
 from bench._data import order  # noqa: E402
 from bench.bench_postgres_sink import COLUMNS, COPY_TYPES, FIELDS, create_table  # noqa: E402
 from bench.bench_worker import TXN_RECORDS, cpu_of, expected_high_watermarks, in_child, recreate_topic, watermarks  # noqa: E402
@@ -476,6 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--label", default="", help="a name for this configuration in the results")
     ap.add_argument("--keep", action="store_true", help="keep the table and the bookkeeping rows")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    published.add_arguments(ap)
     args = ap.parse_args(argv)
     if args.poll_s is None:
         args.poll_s = 0.05 if args.poll_by == "offsets" else 0.25
@@ -497,7 +499,44 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "topic": topic, "partitions": args.partitions, "e2e": e2e, "raw_copy": raw,
                  "ratio_to_raw_copy": e2e["rate"] / raw["rate"] if raw else None})
     args.out.write_text(json.dumps(runs, indent=1))
+    # Records with the outbox headers are a figure of their own: it never replaces the plain run's.
+    name = "e2e-outbox-headers" if args.outbox_headers else "e2e"
+    published.maybe_publish(args, lambda: published.figure(
+        name, title=TITLE + (", records with the outbox headers" if args.outbox_headers else ""), measures=MEASURES,
+        baseline=BASELINE, conditions=conditions(args, e2e), unit="records/s", rows=figure_rows(e2e, raw, args.outbox_headers),
+        targets=[published.target("end-to-end rate", f">= {TARGET_RATE:,} records/s", f"{e2e['rate']:,.0f} records/s",
+                                  e2e["rate"] >= TARGET_RATE)],
+        argv=argv, make_target="bench-e2e"))
     return 0 if e2e["check"]["ok"] else 1
+
+
+# ---------------------------------------------------------------------------------------- figures
+TITLE = "End to end: Kafka to PostgreSQL through one worker process"
+MEASURES = ("Records/s from registering a postgres connector through the REST API to the last row visible, through one "
+            "eosink worker process; every id checked once and no prepared transaction left.")
+BASELINE = "a raw binary COPY of the same rows, pre-built, into a fresh table, in the same run"
+
+
+def figure_rows(e2e: dict[str, Any], raw: dict[str, float] | None, headers: bool) -> list[dict[str, Any]]:
+    """The raw COPY (when it ran) and the end-to-end run, each with the CPU it took per record."""
+    n = e2e["records"]
+    rows = []
+    if raw:
+        rows.append(published.row("raw binary COPY of the same rows, pre-built (no Kafka, no JSON, no 2PC)", round(raw["rate"]),
+                                  baseline=True, cpu_us=raw["cpu_s"] / n * 1e6, note="CPU: the client's"))
+    label = "eosink worker, Kafka to PostgreSQL" + (", records with the outbox headers" if headers else "")
+    rows.append(published.row(label, round(e2e["rate"]), raw["rate"] if raw else None, cpu_us=e2e["cpu_s"] / n * 1e6,
+                              note=f"worker peak RSS {e2e['peak_rss_mb']:.0f} MB, {e2e['cpu_s'] / e2e['seconds']:.0%} of a core"))
+    return rows
+
+
+def conditions(args: argparse.Namespace, e2e: dict[str, Any]) -> str:
+    n = e2e["records"]
+    size = statistics.fmean(len(value_of(i)) for i in range(0, n, max(1, n // 1000)))
+    return (f"{n:,} JSON records of ~{size:.0f} bytes in {args.partitions} partitions, commit.interval.ms "
+            f"{args.commit_interval_ms}, done when the {'committed offsets' if args.poll_by == 'offsets' else 'count(*)'} "
+            f"show every record; the machine {e2e.get('machine_busy', 0):.0%} busy, 1-min load {e2e['load_before']:.1f} -> "
+            f"{e2e['load_after']:.1f} on {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":

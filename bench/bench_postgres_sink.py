@@ -50,6 +50,7 @@ if str(REPO) not in sys.path:
 import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
+from bench import report  # noqa: E402
 from bench._data import batches, make_records  # noqa: E402
 from eosink.connectors.api.records import SinkRecord, TxnManifest  # noqa: E402
 from eosink.connectors.postgres.sink import PostgresSink  # noqa: E402
@@ -198,6 +199,28 @@ def run_executemany(dsn: str, table: str, parts: list[Sequence[SinkRecord]], bud
     return done, elapsed, cpu
 
 
+TITLE = "PostgreSQL sink: full 2PC cycles against a raw COPY"
+MEASURES = ("Records/s of the PostgreSQL sink's full cycle (rows, manifest, fence, COPY, PREPARE, COMMIT PREPARED) on "
+            "~200-byte JSON records, against a raw binary COPY of the same rows and an at-least-once executemany.")
+BASELINE = "a raw binary COPY of the same rows, pre-built as tuples, one COPY + COMMIT per batch, in the same run"
+
+
+def figure_rows(raw: Result, raw_text: Result, sink: Result, alo: Result, overhead_ms: float | None) -> list[dict[str, Any]]:
+    """The ceiling, the text COPY, the sink (with its 2PC overhead per cycle) and the executemany baseline."""
+    def cpu(r: Result) -> float:
+        return r.cpu_s / r.records * 1e6
+
+    overhead = f"; 2PC overhead {overhead_ms:.1f} ms per cycle" if overhead_ms is not None else ""
+    return [
+        report.row("raw binary COPY, pre-built rows (ceiling)", round(raw.rate), baseline=True, cpu_us=cpu(raw)),
+        report.row("raw text COPY, pre-built rows", round(raw_text.rate), raw.rate, cpu_us=cpu(raw_text)),
+        report.row("eosink PostgreSQL sink, full 2PC cycle", round(sink.rate), raw.rate, cpu_us=cpu(sink),
+                   note=f"{sink.rate / alo.rate:.1f}x executemany{overhead}"),
+        report.row("executemany INSERT, at-least-once", round(alo.rate), raw.rate, cpu_us=cpu(alo),
+                   note="what users write by hand"),
+    ]
+
+
 def default_dsn() -> str:
     if os.environ.get("EOSINK_BENCH_DSN"):
         return os.environ["EOSINK_BENCH_DSN"]
@@ -216,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--deletes", type=int, default=200_000, help="keyed rows loaded then deleted by tombstones (0: skip)")
     ap.add_argument("--keep", action="store_true", help="keep the tables")
     ap.add_argument("--no-gc-freeze", action="store_true", help="leave the generated records to the cyclic GC")
+    report.add_arguments(ap)
     args = ap.parse_args(argv)
     dsn = args.dsn or default_dsn()
     tag = uuid.uuid4().hex[:6]
@@ -266,27 +290,38 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{res.rate / alo.rate:>14.1f}x {res.cpu_s / res.records * 1e6:>7.2f} us/r   {', '.join(f'{x:,.0f}' for x in res.rounds)}")
     print(f"(load average {', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs: "
           "client and server share them, so a loaded machine lowers every rate and the ratios with it)")
+    overhead_ms = None
     if cycles:
         def med(k: str) -> float:
             return statistics.median(c[k] for c in cycles)
+
+        overhead_ms = med("manifest") + med("prepare") + med("commit")
 
         print()
         print(f"per cycle of {args.batch:,} records (median of {len(cycles)}): manifest write {med('manifest'):.2f} ms, "
               f"fence + COPY {med('write'):.1f} ms, PREPARE {med('prepare'):.2f} ms, COMMIT PREPARED {med('commit'):.2f} ms; "
               f"2PC overhead (manifest + PREPARE + COMMIT PREPARED) {med('manifest') + med('prepare') + med('commit'):.2f} ms")
+    deletes = ""
     if args.deletes:
         load_s, delete_s = run_deletes(dsn, f"bench.pgdel.{tag}", f"bench{tag}d", args.deletes, args.batch)
         tables.append(f"bench_pgdel_{tag}")
         print()
         print(f"delete.enabled, pk.mode=record_key (PRIMARY KEY id), {args.deletes:,} keys in cycles of {args.batch:,}: "
               f"load {args.deletes / load_s:,.0f} records/s, tombstones {args.deletes / delete_s:,.0f} deletes/s")
+        deletes = (f"; delete.enabled: {args.deletes:,} keyed rows loaded at {args.deletes / load_s:,.0f} records/s, "
+                   f"deleted by tombstones at {args.deletes / delete_s:,.0f}/s")
     print()
     targets = [
-        (">= 100,000 records/s", sink.rate >= 100_000),
-        (">= 50% of raw COPY", sink.rate >= 0.5 * raw.rate),
-        (">= 3x executemany", sink.rate >= 3 * alo.rate),
+        report.target("sink rate", ">= 100,000 records/s", f"{sink.rate:,.0f} records/s", sink.rate >= 100_000),
+        report.target("sink vs raw binary COPY", ">= 50% of raw COPY", f"{sink.rate / raw.rate:.0%}", sink.rate >= 0.5 * raw.rate),
+        report.target("sink vs executemany", ">= 3x executemany", f"{sink.rate / alo.rate:.1f}x", sink.rate >= 3 * alo.rate),
     ]
-    print("targets: " + "; ".join(f"{name}: {'met' if ok else 'MISSED'}" for name, ok in targets))
+    print("targets: " + "; ".join(f"{t['target']}: {'met' if t['met'] else 'MISSED'}" for t in targets))
+    conditions = (f"{len(records):,} records of ~{avg_bytes:.0f} bytes JSON, {args.batch:,} per cycle, best of {args.rounds} "
+                  f"rounds; CPU is this process's, not PostgreSQL's; {report.load_note()}{deletes}")
+    report.maybe_publish(args, lambda: report.figure(
+        "postgres", title=TITLE, measures=MEASURES, baseline=BASELINE, conditions=conditions, unit="records/s",
+        rows=figure_rows(raw, raw_text, sink, alo, overhead_ms), targets=targets, argv=argv))
 
     if not args.keep:
         with psycopg.connect(dsn, autocommit=True) as conn:
