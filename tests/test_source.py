@@ -191,6 +191,51 @@ def test_a_poll_that_has_read_everything_ends_once_min_s_old_not_at_its_timeout(
         src.close()
 
 
+def test_a_steady_trickle_of_transactions_still_ends_a_poll_early(stack, make_topic, unique):
+    """librdkafka reports no end of partition when a fetch ends on a commit marker, so with a transaction
+    committed every 100 ms the poll never saw an end event and waited out its whole timeout: every cycle
+    lasted commit.interval.ms. Caught up is also "position at the fetched high watermark" now."""
+    import threading
+
+    from confluent_kafka import Producer
+
+    topic = make_topic(partitions=1)
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def trickle() -> None:
+        p = Producer({"bootstrap.servers": stack.kafka_bootstrap, "transactional.id": f"{unique}-trickle", "linger.ms": 5})
+        p.init_transactions(30)
+        while not stop.is_set():
+            p.begin_transaction()
+            for _ in range(10):
+                p.produce(topic, json.dumps({"id": len(sent)}).encode())
+                sent.append(len(sent))
+            p.commit_transaction(30)
+            time.sleep(0.1)
+
+    producer = threading.Thread(target=trickle, daemon=True)
+    producer.start()
+    src = KafkaSource(unique, stack.kafka_bootstrap, value_converter="json")
+    try:
+        src.assign({TopicPartition(topic, 0): 0})
+        while len(sent) < 30:
+            time.sleep(0.05)
+        took, ids = [], []
+        for _ in range(4):
+            t0 = time.monotonic()
+            batch = src.poll_batch(100_000, 100_000_000, 8.0, min_s=0.25)
+            took.append(time.monotonic() - t0)
+            ids += [r.value["id"] for r in batch.records]
+        assert ids == list(range(len(ids))) and len(ids) > 0
+        # Without the fix each poll took its whole 8 s timeout; with it, ~0.25 s (a generous bound: a noisy machine).
+        assert max(took) < 4.0, f"polls took {[round(t, 2) for t in took]} s: the trickle never counted as caught up"
+    finally:
+        stop.set()
+        producer.join(30)
+        src.close()
+
+
 def test_on_chunk_receives_every_record_once_in_order(stack, make_topic, unique, monkeypatch):
     monkeypatch.setattr(source, "CHUNK_RECORDS", 7)
     topic = make_topic()
