@@ -47,8 +47,8 @@ from bench import report  # noqa: E402
 from bench._data import make_records  # noqa: E402
 from eosink.connectors.api.records import SinkRecord, TxnManifest  # noqa: E402
 from eosink.connectors.s3 import S3Sink  # noqa: E402
+from eosink.connectors.s3.cleanup import CLEANUP_BATCH  # noqa: E402
 from eosink.connectors.s3.encoding import ENCODERS  # noqa: E402
-from eosink.connectors.s3.protocol import CLEANUP_BATCH  # noqa: E402
 from eosink.worker.engine.source import CHUNK_RECORDS  # noqa: E402
 
 #: The sink's goal: at least this share of raw put_object throughput of the same bytes.

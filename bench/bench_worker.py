@@ -391,9 +391,9 @@ def run_eosink(kind: str, bootstrap: str, zk_hosts: str, topic: str, tps: list[T
         if kind == "iceberg-checked":
             # The sink as it ran before it parsed the bytes itself: every value decoded by the worker,
             # every column built from the dicts and type-checked in Python (this child process only).
-            import eosink.connectors.iceberg.sink as iceberg_module
+            import eosink.connectors.iceberg.plan as iceberg_plan
 
-            iceberg_module.jsonarrow = SimpleNamespace(from_json=lambda *a: None)  # type: ignore[assignment]
+            iceberg_plan.jsonarrow = SimpleNamespace(from_json=lambda *a: None)  # type: ignore[assignment]
             sink.reads_values = True
             name = "eosink IcebergSink, values decoded (checked)"
     else:

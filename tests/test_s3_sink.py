@@ -23,6 +23,7 @@ from botocore.stub import Stubber
 from eosink.connectors.api.config import MASK
 from eosink.connectors.api.errors import ConfigError, FatalError, FencedError, RecordError, RetryableError
 from eosink.connectors.api.records import SinkRecord, TopicPartition
+from eosink.connectors.s3 import cleanup as s3cleanup
 from eosink.connectors.s3 import protocol as s3protocol
 from eosink.connectors.s3.sink import S3Sink
 from eosink.worker.engine.decision import MemoryDecisionLog
@@ -422,12 +423,12 @@ def test_committed_txns_json_objects_go_in_one_delete_and_recover_finishes_what_
         real(keys_)
 
     monkeypatch.setattr(sink.txns.bucket, "delete", delete)
-    n = s3protocol.CLEANUP_BATCH
+    n = s3cleanup.CLEANUP_BATCH
     txns = [f"{unique}.w.1.{i + 1}" for i in range(n + 1)]
     for i, txn in enumerate(txns):
         prepare(sink, txn, records("t", [{"n": i}], start=i))
         sink.commit(txn)
-    sink.txns._reap_cleanups(block=True)
+    sink.txns.cleanup.reap(block=True)
     assert deletes == [[pending(unique, t) for t in txns[:n]]]  # one request for the first n
     assert keys(client, bucket, "__pending__/") == [pending(unique, txns[n])]
     assert make_sink().recover() == []  # a committed txn's .json left behind (as after a crash): finished
@@ -449,16 +450,16 @@ def test_a_failed_cleanup_goes_again_with_the_next_one(make_sink, client, bucket
         real(keys_)
 
     monkeypatch.setattr(sink.txns.bucket, "delete", delete_failing_once)
-    n = s3protocol.CLEANUP_BATCH
+    n = s3cleanup.CLEANUP_BATCH
     txns = [f"{unique}.w.1.{i + 1}" for i in range(n + 1)]
     for i, txn in enumerate(txns[:n]):
         prepare(sink, txn, records("t", [{"n": i}], start=i))
         sink.commit(txn)
-    sink.txns._reap_cleanups(block=True)  # the failed delete is logged, its keys kept for the next
+    sink.txns.cleanup.reap(block=True)  # the failed delete is logged, its keys kept for the next
     assert len(keys(client, bucket, "__pending__/")) == n
     prepare(sink, txns[n], records("t", [{"n": n}], start=n))
     sink.commit(txns[n])
-    sink.txns._reap_cleanups(block=True)
+    sink.txns.cleanup.reap(block=True)
     assert deletes[1] == [pending(unique, t) for t in txns] and keys(client, bucket, "__pending__/") == []
 
 

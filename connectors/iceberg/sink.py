@@ -38,6 +38,9 @@ one topic's rows of a txn before another's. One table per connector keeps txns a
 **Rows**: every value field is a column (see :mod:`eosink.connectors.iceberg.arrow` for the types), plus
 ``__topic``, ``__partition``, ``__offset`` (``fields.kafka``), so duplicates are findable with
 ``GROUP BY __topic, __partition, __offset HAVING count(*) > 1``.
+
+The sink's keys, and the catalog and table properties made from them, are in :mod:`.config`; the
+loading, conversion and fence check of each target table at prepare, in :mod:`.plan`.
 """
 
 from __future__ import annotations
@@ -53,23 +56,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
 from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.io.pyarrow import _dataframe_to_data_files, parquet_files_to_data_files
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties
-from pyiceberg.table.locations import load_location_provider
 
-from eosink.connectors.api.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
 from eosink.connectors.api.errors import ConfigError, FatalError, RetryableError
 from eosink.connectors.api.records import SinkRecord, TxnManifest
 from eosink.connectors.api.sink import BatchingSink
-from eosink.connectors.iceberg import arrow as ia
-from eosink.connectors.iceberg import jsonarrow
+from eosink.connectors.iceberg import config as icfg
 from eosink.connectors.iceberg import txn as itx
-from eosink.connectors.iceberg.store import Markers, Storage, txn_key
+from eosink.connectors.iceberg.plan import plan_tables
+from eosink.connectors.iceberg.store import Markers, Storage
 from eosink.connectors.iceberg.tables import Tables
-from eosink.connectors.iceberg.tlsio import IMPL as CA_IO_IMPL
 from eosink.connectors.iceberg.tlsio import S3_CA_BUNDLE, untrusted_endpoint
 from eosink.connectors.iceberg.txn import (
     SUMMARY_CONNECTOR,
@@ -83,12 +82,7 @@ from eosink.connectors.iceberg.txn import (
 __all__ = ["IcebergSink", "CycleTimings", "SUMMARY_TXN", "SUMMARY_CONNECTOR", "SUMMARY_EPOCHS", "SUMMARY_OFFSETS"]
 log = logging.getLogger(__name__)
 COMPONENT = itx.COMPONENT
-CATALOG_PROPS_PREFIX = "iceberg.catalog.properties."
-TABLE_PROPS_PREFIX = "iceberg.table.properties."
-_S3_KEYS = ("s3.endpoint", "s3.access-key-id", "s3.secret-access-key", "s3.region")
 _REMEMBER_COMMITTED = 1024
-#: Below this cycle length the sink warns about small files (the engine's default is 1000 ms).
-SMALL_FILES_INTERVAL_MS = 10_000
 
 
 @dataclass(slots=True)
@@ -111,82 +105,19 @@ class IcebergSink(BatchingSink):
     CAUGHT_UP_COMMIT_MS = None  # a data file and a snapshot per transaction: cycles run their full commit.interval.ms
     reads_values = False  # the JSON bytes are parsed into Arrow (jsonarrow); a value is decoded only where they cannot be
 
-    CONFIG = (
-        ConfigDef()
-        .define("iceberg.catalog.type", Type.STRING, "sql", "sql (a JDBC-style catalog in a database, pyiceberg's SqlCatalog, "
-                "readable by Iceberg's JdbcCatalog) or rest (an Iceberg REST catalog).", Importance.HIGH, one_of("sql", "rest"))
-        .define("iceberg.catalog.uri", Type.STRING, doc="sql: a SQLAlchemy URL, e.g. postgresql+psycopg2://user@host:5432/db or "
-                "sqlite:////path/catalog.db; rest: the catalog's base URL, e.g. http://host:8181.", importance=Importance.HIGH,
-                validator=non_empty)
-        .define("iceberg.catalog.name", Type.STRING, "eosink", "Catalog name (a SQL catalog keeps it in catalog_name: readers "
-                "such as Spark must use the same name).", validator=non_empty)
-        .define("iceberg.catalog.credential", Type.PASSWORD, None, "REST: OAuth2 client credential (client_id:secret).")
-        .define("iceberg.catalog.token", Type.PASSWORD, None, "REST: bearer token.")
-        .define("iceberg.warehouse", Type.STRING, None, "Where new tables live: file:///path or s3://bucket/path (required for "
-                "sql; for rest, passed as the catalog's warehouse).", Importance.HIGH)
-        .define("iceberg.pending.location", Type.STRING, None, "Where prepared-txn markers live (file:// or s3://); default "
-                "<iceberg.warehouse>/eosink-pending. Keep it stable while txns are pending: recovery looks only here.")
-        .define("iceberg.table", Type.STRING, "eosink.${topic}", "Target table namespace.table; ${topic} is the topic with '.' "
-                "and '-' replaced by '_'. Several tables make a txn commit table by table (see the module docs).",
-                Importance.HIGH, non_empty)
-        .define("iceberg.partition.fields", Type.LIST, [], "Partition spec of auto-created tables: col, bucket(N, col), "
-                "truncate(W, col), year|month|day|hour(col); comma-separated. Existing tables keep theirs.")
-        .define("iceberg.commit.attempts", Type.INT, 3, "Attempts per commit when another writer committed first; each one "
-                "re-reads the table and re-checks the fence and the txn id.", validator=at_least(1))
-        .define("iceberg.fsync", Type.BOOLEAN, True, "fsync data files and markers on a local (file://) warehouse.")
-        .define("auto.create", Type.BOOLEAN, True, "Create a missing namespace/table from the batch's JSON types.")
-        .define("auto.evolve", Type.BOOLEAN, True, "Add an optional column for a new non-null field; off: such a record is a RecordError.")
-        .define("fields.kafka", Type.BOOLEAN, True, "Add required columns __topic string, __partition int, __offset long.")
-        .define("s3.endpoint", Type.STRING, None,
-                "S3 endpoint URL (MinIO, another S3-compatible server; unset for AWS); passed to pyiceberg's FileIO.")
-        .define("s3.access-key-id", Type.STRING, None, "S3 access key id.")
-        .define("s3.secret-access-key", Type.PASSWORD, None, "S3 secret access key.")
-        .define("s3.region", Type.STRING, None, "S3 region, e.g. us-east-1.")
-        .define("s3.ca-bundle", Type.STRING, None, "PEM file of the certificate authorities to trust for an https s3.endpoint "
-                "signed by a private CA (the S3 sink's aws.ca.bundle); pyarrow's tls_ca_file_path. Unset: the system's "
-                "trust store.", Importance.MEDIUM)
-    )
+    CONFIG = icfg.CONFIG  # see eosink.connectors.iceberg.config
 
     def __init__(self, connector: str, config: Mapping[str, Any]) -> None:
         super().__init__(connector, config)
         c = self.config
-        src = f"connector '{connector}'"
+        settings = icfg.settings(connector, c)
         self.kafka = bool(c["fields.kafka"])
         self.template: str = c["iceberg.table"]
-        if "." not in self.template.replace("${topic}", "t"):
-            raise ConfigError("must be namespace.table (e.g. analytics.${topic})", key="iceberg.table", source=src)
-        try:
-            ia.check_partition_fields(c["iceberg.partition.fields"])
-        except ConfigError as exc:
-            raise ConfigError(exc.message.split(": ", 1)[-1], key=exc.key, source=src) from None
-        warehouse = c["iceberg.warehouse"]
-        if c["iceberg.catalog.type"] == "sql" and not warehouse:
-            raise ConfigError("is required for iceberg.catalog.type=sql (file:///path or s3://bucket/path)",
-                              key="iceberg.warehouse", source=src)
-        pending = c["iceberg.pending.location"] or (f"{warehouse.rstrip('/')}/eosink-pending" if warehouse and "://" in warehouse else None)
-        if not pending:
-            raise ConfigError("is required when iceberg.warehouse is not a file:// or s3:// location", key="iceberg.pending.location",
-                              source=src)
-        io_props = {k: str(c[k]) for k in _S3_KEYS if c.get(k)}
-        io_props |= {k: str(v) for k, v in c.items() if k.startswith("s3.") and k not in io_props and v not in (None, "")}
-        io_props |= {k[len(CATALOG_PROPS_PREFIX):]: str(v) for k, v in c.items() if k.startswith(CATALOG_PROPS_PREFIX)}
-        self.catalog_props: dict[str, str] = {"type": c["iceberg.catalog.type"], "uri": c["iceberg.catalog.uri"]}
-        if c["iceberg.catalog.type"] == "sql":
-            # A pooled connection dead after a database restart would fail one whole cycle: ping first.
-            self.catalog_props["pool_pre_ping"] = "true"
-        if c.get(S3_CA_BUNDLE):
-            self.catalog_props["py-io-impl"] = CA_IO_IMPL  # the catalog's table IO must trust the CA too
-        self.catalog_props |= io_props
-        if warehouse:
-            self.catalog_props["warehouse"] = warehouse
-        for key, prop in (("iceberg.catalog.credential", "credential"), ("iceberg.catalog.token", "token")):
-            if c[key]:
-                self.catalog_props[prop] = c[key]
-        self.table_props = {**itx.NO_RETRIES,
-                            **{k[len(TABLE_PROPS_PREFIX):]: str(v) for k, v in c.items() if k.startswith(TABLE_PROPS_PREFIX)}}
+        self.catalog_props = settings.catalog_props
+        self.table_props = settings.table_props
         self.attempts: int = c["iceberg.commit.attempts"]
-        self.storage = Storage.for_properties(io_props, fsync=bool(c["iceberg.fsync"]))
-        self.markers = Markers(self.storage, pending, connector)
+        self.storage = Storage.for_properties(settings.io_props, fsync=bool(c["iceberg.fsync"]))
+        self.markers = Markers(self.storage, settings.pending, connector)
         #: Tells this sink's markers from a sibling's in a fanout connector writing to the same place.
         self._fingerprint = hashlib.sha1(
             json.dumps([c["iceberg.catalog.uri"], c["iceberg.catalog.name"], self.template]).encode()
@@ -198,19 +129,7 @@ class IcebergSink(BatchingSink):
         self._staging: dict[str, list[TableTxn]] = {}  # files being written: what abort must clean
         self._committed: OrderedDict[str, None] = OrderedDict()
         self.timings = CycleTimings()
-        self._warn_small_files(config)
-
-    def _warn_small_files(self, config: Mapping[str, Any]) -> None:
-        """Every cycle is one snapshot and at least one file per table partition: a short cycle makes
-        small files and a metadata file that grows by a snapshot per second. Say so at start."""
-        try:
-            interval = int(str(config.get("commit.interval.ms", 1000)).strip())
-        except ValueError:
-            return
-        if interval < SMALL_FILES_INTERVAL_MS:
-            log.warning("connector %s: commit.interval.ms=%d makes one Iceberg snapshot and at least one data file per table "
-                        "partition every cycle; for Iceberg use >= %d (e.g. 60000) with a large batch.max.records / "
-                        "batch.max.bytes, and compact regularly", self.connector, interval, SMALL_FILES_INTERVAL_MS)
+        icfg.warn_small_files(connector, config)
 
     # -- catalog and tables -------------------------------------------------------------------
     def open(self) -> None:
@@ -247,49 +166,7 @@ class IcebergSink(BatchingSink):
     def _prepare(self, manifest: TxnManifest, records: list[SinkRecord]) -> None:
         txn = manifest.txn_id
         t0 = time.perf_counter()
-        idents = {t: self.table_name(t) for t in {r.topic for r in records}}
-        groups: dict[str, tuple[list[SinkRecord], list[dict[str, Any]] | None, set[str]]] = {}
-        if len(set(idents.values())) <= 1:  # one table (the common case): no per-record grouping
-            for ident in set(idents.values()):
-                groups[ident] = (records, None, set(idents))  # values decoded only if the JSON bytes cannot be parsed
-        else:
-            for r in records:
-                ident = idents[r.topic]
-                g = groups.get(ident)
-                if g is None:
-                    g = groups[ident] = ([], None, {t for t, i in idents.items() if i == ident})
-                g[0].append(r)
-        key = txn_key(self.connector, txn)
-        plan = []
-        load_ms = convert_ms = 0.0
-        for ident in sorted(groups):
-            recs, vals, topics = groups[ident]
-            l0 = time.perf_counter()
-            ranges = [r for r in manifest.ranges if r.topic in topics]
-            try:
-                table: Table | None = self.tables.load(ident)
-            except NoSuchTableError:
-                table = None
-            c0 = time.perf_counter()
-            arrow = jsonarrow.from_json(table.schema(), recs, self.kafka, topics) if table is not None else None
-            if arrow is None:
-                vals = ia.check_values(recs) if vals is None else vals
-                arrow = self._as_is(table, recs, vals, topics) if table is not None else None
-            c1 = l1 = time.perf_counter()
-            complete = arrow is not None
-            if table is None or arrow is None:
-                assert vals is not None
-                table, complete = self.tables.ensure(ident, recs, vals, table)
-            itx.check_fence(self.connector, table, ranges, txn)
-            l2 = time.perf_counter()
-            if arrow is None:
-                assert vals is not None
-                arrow = ia.to_arrow(table.schema(), recs, vals, self.kafka, unknown_ok=complete, topics=topics)
-            convert_ms += (c1 - c0 + time.perf_counter() - l2) * 1000
-            load_ms += (c0 - l0 + l2 - l1) * 1000
-            data_path = load_location_provider(table.metadata.location, table.metadata.properties).data_path
-            tt = TableTxn(ident, f"{data_path}/eosink-{key}", sorted({(r.topic, r.partition) for r in ranges}), loaded=table)
-            plan.append((tt, arrow))
+        plan = plan_tables(self.connector, manifest, records, tables=self.tables, table_name=self.table_name, kafka=self.kafka)
         # Every record fits: from here on files are written, and abort() knows where.
         t3 = time.perf_counter()
         existing = self.markers.get(txn)
@@ -298,37 +175,22 @@ class IcebergSink(BatchingSink):
             # would mix the two up (and lose one's files). Refuse before writing anything.
             raise FatalError(f"another Iceberg sink of connector {self.connector} keeps its markers in {self.markers.dir}: give each "
                              "sink of a fanout its own iceberg.pending.location", component=COMPONENT)
-        self._staging[txn] = [tt for tt, _ in plan]
-        for tt, arrow in plan:
+        self._staging[txn] = [tt for tt, _ in plan.tables]
+        for tt, arrow in plan.tables:
             tt.data_files = self._write_files(tt, arrow, txn)
             tt.spec_id = tt.loaded.metadata.default_spec_id if tt.loaded is not None else -1
             tt.files = [df.file_path for df in tt.data_files]
             self.storage.sync_files(tt.files)
         t4 = time.perf_counter()
-        doc = {"v": 1, "txn": txn, "connector": self.connector, "sink": self._fingerprint,
-               "manifest": json.loads(manifest.to_json()), "tables": [tt.doc() for tt, _ in plan], "prepared_ms": int(time.time() * 1000)}
+        doc = {"v": 1, "txn": txn, "connector": self.connector, "sink": self._fingerprint, "manifest": json.loads(manifest.to_json()),
+               "tables": [tt.doc() for tt, _ in plan.tables], "prepared_ms": int(time.time() * 1000)}
         self.markers.put(txn, doc)
-        self._prepared[txn] = Prepared(manifest, [tt for tt, _ in plan])
+        self._prepared[txn] = Prepared(manifest, [tt for tt, _ in plan.tables])
         self._staging.pop(txn, None)
         t5 = time.perf_counter()
-        self.timings = CycleTimings(load_ms=load_ms, convert_ms=convert_ms, write_ms=(t4 - t3) * 1000, marker_ms=(t5 - t4) * 1000,
-                                    rows=len(records), files=sum(len(tt.files) for tt, _ in plan))
+        self.timings = CycleTimings(load_ms=plan.load_ms, convert_ms=plan.convert_ms, write_ms=(t4 - t3) * 1000, marker_ms=(t5 - t4) * 1000,
+                                    rows=len(records), files=sum(len(tt.files) for tt, _ in plan.tables))
         log.debug("prepared %s: %d rows in %d files (%.1f ms)", txn, len(records), self.timings.files, (t5 - t0) * 1000)
-
-    def _as_is(self, table: Table, recs: list[SinkRecord], vals: list[dict[str, Any]], topics: set[str]) -> pa.Table | None:
-        """The batch as Arrow for ``table`` as it is, when every field already has a column there and
-        every value fits; else None, and the caller takes the full path (create or evolve the table,
-        then convert), whose result and errors are then exactly those of a batch that never tried.
-
-        The common batch needs no new column: converting first and counting keys afterwards
-        (:func:`~eosink.connectors.iceberg.arrow.all_fields_have_columns`) skips the union of every
-        record's keys that evolution needs (~3 ms per 50,000 records).
-        """
-        try:
-            arrow = ia.to_arrow(table.schema(), recs, vals, self.kafka, unknown_ok=True, topics=topics)
-        except Exception:  # noqa: BLE001 - the full path judges (and names) the batch again
-            return None
-        return arrow if ia.all_fields_have_columns(arrow, vals, self.kafka) else None
 
     def _write_files(self, tt: TableTxn, arrow: Any, txn: str) -> list[DataFile]:
         """Parquet files under the txn's own directory (``write.data.path`` overridden for this write only)."""

@@ -46,18 +46,12 @@ background, those of several commits in one DeleteObjects (it only tidies a comm
 crash before that is finished by ``recover``, which completes whatever is still open of a txn of
 which any object is already complete (a complete only ever follows the engine's commit decision).
 
-**The resource fence.** ``prepare`` lists ``__epochs__/...`` (while the parts upload: they are
-invisible) and, when the manifest's epoch is older than one stored for its partitions, aborts
-its uploads and raises FencedError before the ``.json`` exists. ``commit`` raises the stored
-epoch with a compare-and-set (``IfMatch`` on the ETag, ``IfNoneMatch`` for the first) so two
-writers never lower it; the first attempt starts from the ETag the fence listed (a stale one only
-loses the compare-and-set, then the object is read).
+**The resource fence** (the highest epoch committed on each partition: checked by prepare, raised
+by commit) is in :mod:`.fence`; the background deletes of committed txns' ``.json``, in :mod:`.cleanup`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -66,12 +60,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-import structlog
-
-from eosink.connectors.api.errors import EosinkError, FatalError, FencedError, RetryableError
-from eosink.connectors.api.records import PartitionRange, TopicPartition, TxnManifest
-from eosink.connectors.s3.client import CONFLICT, MISSING, Bucket
+from eosink.connectors.api.errors import EosinkError, FatalError
+from eosink.connectors.api.records import TxnManifest
+from eosink.connectors.s3.cleanup import Cleanup
+from eosink.connectors.s3.client import MISSING, Bucket
 from eosink.connectors.s3.encoding import CONTENT_TYPES
+from eosink.connectors.s3.fence import EpochFence
+from eosink.connectors.s3.layout import Layout, Prepared, Staged
 
 COMPONENT = "s3"
 MIB = 1024 * 1024
@@ -81,10 +76,6 @@ BOOKKEEPING_THREADS = 2
 MAX_PARTS = 10_000
 #: Age after which an upload no prepared txn names is garbage, not a prepare in flight.
 ORPHAN_AGE_S = 3600.0
-#: Committed txns whose ``.json`` objects go in one DeleteObjects (one request, not one per commit).
-CLEANUP_BATCH = 8
-#: ... or fewer, once the oldest of them waited this long (a connector that commits rarely).
-CLEANUP_AGE_S = 30.0
 T = TypeVar("T")
 
 
@@ -100,67 +91,6 @@ class CycleTimings:
     commit_ms: float = 0.0  # completes, epoch raises
 
 
-@dataclass(frozen=True, slots=True)
-class Staged:
-    """One object of a prepared txn: its final key, its open upload, the parts uploaded."""
-
-    key: str
-    upload_id: str
-    parts: tuple[tuple[int, str], ...]  # (PartNumber, ETag); empty as read from the .json
-
-
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """What the txn's ``.json`` holds: enough for any instance to complete or abort it."""
-
-    manifest: TxnManifest
-    ext: str
-    staged: tuple[Staged, ...]
-
-    def to_json(self) -> bytes:
-        return json.dumps({"manifest": json.loads(self.manifest.to_json()), "ext": self.ext,
-                           "uploads": [[s.key, s.upload_id, [list(p) for p in s.parts]] for s in self.staged]},
-                          separators=(",", ":")).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> Prepared:
-        d = json.loads(data)
-        staged = tuple(Staged(k, u, tuple((int(n), str(e)) for n, e in ps)) for k, u, ps in d["uploads"])
-        return cls(TxnManifest.from_json(json.dumps(d["manifest"])), str(d["ext"]), staged)
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """Every key the sink writes, from ``s3.prefix`` and the connector's name."""
-
-    prefix: str
-    connector: str
-
-    def key(self, *parts: str) -> str:
-        return "/".join(p for p in (self.prefix, *parts) if p)
-
-    @property
-    def data_prefix(self) -> str:
-        return self.key(self.connector) + "/"
-
-    @property
-    def pending_dir(self) -> str:
-        return self.key("__pending__", self.connector) + "/"
-
-    def pending_key(self, txn_id: str) -> str:
-        return f"{self.pending_dir}{quote(txn_id, safe='')}.json"
-
-    def final_key(self, r: PartitionRange, ext: str) -> str:
-        return self.key(self.connector, r.topic, str(r.partition), f"{r.first_offset:020d}-{r.last_offset:020d}.{ext}")
-
-    @property
-    def epochs_dir(self) -> str:
-        return self.key("__epochs__", self.connector) + "/"
-
-    def epoch_key(self, tp: TopicPartition) -> str:
-        return f"{self.epochs_dir}{tp.topic}-{tp.partition}"
-
-
 class MultipartTxns:
     """prepare / commit / abort / recover of one connector's txns in one bucket (see module doc)."""
 
@@ -173,21 +103,14 @@ class MultipartTxns:
         self._small = ThreadPoolExecutor(BOOKKEEPING_THREADS, thread_name_prefix=f"s3-{layout.connector}-small")
         # Prepared by this instance: commit skips reading the .json back.
         self._prepared: dict[str, Prepared] = {}
-        # Lower bounds of the stored epochs (they only grow): commit skips raising what is high enough.
-        self._epochs: dict[TopicPartition, int] = {}
-        # (epoch, ETag or None when absent) of epoch objects as the last fence saw them: the first
-        # compare-and-set of a raise starts from it instead of reading the object again.
-        self._fenced: dict[TopicPartition, tuple[int, str | None]] = {}
-        # .json keys of committed txns not deleted yet (see _tidy), oldest first, and when the first came.
-        self._committed: dict[str, None] = {}
-        self._committed_since = 0.0
-        self._cleanups: list[tuple[Future[None], list[str]]] = []  # background deletes and their keys
+        self.fence = EpochFence(bucket, layout)
+        self.cleanup = Cleanup(bucket, layout.connector, self._small)
         self.timings = CycleTimings()
 
     def close(self) -> None:
-        self._tidy(force=True)
+        self.cleanup.tidy(force=True)
         self._small.shutdown(wait=True)  # background cleanups included
-        self._reap_cleanups()
+        self.cleanup.reap()
         self._data.shutdown(wait=True)
 
     # -- prepare ----------------------------------------------------------------------------
@@ -208,7 +131,7 @@ class MultipartTxns:
         answered: list[float] = []  # when each create answered (for the timings)
         creates = [self._data.submit(self._create, key, {**meta, "eosink-epoch": str(r.epoch)}, ctype, answered)
                    for key, r in zip(keys, manifest.ranges)]
-        fence = self._small.submit(self._fence, manifest)
+        fence = self._small.submit(self.fence.check, manifest)
         record = self._small.submit(self._put_record, manifest, ext, keys, creates)
         parts: list[list[Future[tuple[int, str]]]] = []
         try:
@@ -266,43 +189,6 @@ class MultipartTxns:
         resp = self.bucket.call("upload_part", key, Key=key, UploadId=upload_id, PartNumber=n, Body=body)
         return n, str(resp["ETag"])
 
-    def _fence(self, manifest: TxnManifest) -> None:
-        """Refuse a prepare whose epoch is older than one already committed on any of its partitions.
-
-        One LIST of the connector's epoch objects instead of a GET per partition: a plain PUT's
-        ETag is the MD5 of its bytes, so an epoch object whose ETag is the MD5 of the epoch this
-        instance last saw there has not changed. Only the others are read (all of them where ETags
-        are not MD5s, e.g. under SSE-KMS: correct, just one GET each).
-        """
-        wanted = {self.layout.epoch_key(r.tp): r for r in manifest.ranges}
-        etags = {o["Key"]: o.get("ETag", "") for o in self.bucket.objects(self.layout.epochs_dir) if o["Key"] in wanted}
-        for key, r in wanted.items():
-            etag = etags.get(key)
-            known = self._epochs.get(r.tp)
-            if etag is None:
-                seen = -1
-            elif known is not None and etag.strip('"') == hashlib.md5(str(known).encode(), usedforsecurity=False).hexdigest():
-                seen = known
-            else:
-                seen, etag = self._stored_epoch(r.tp)
-            self._fenced[r.tp] = (seen, etag)
-            self._epochs[r.tp] = max(self._epochs.get(r.tp, -1), seen)
-            if r.epoch < seen:
-                raise FencedError(f"epoch {r.epoch} for {r.tp} is older than {seen} already committed "
-                                  f"(s3://{self.bucket.name}/{key})", component=COMPONENT)
-
-    def _stored_epoch(self, tp: TopicPartition) -> tuple[int, str | None]:
-        """(epoch, ETag) of the partition's epoch object; (-1, None) when there is none yet."""
-        key = self.layout.epoch_key(tp)
-        got = self.bucket.get(key)
-        if got is None:
-            return -1, None
-        try:
-            return int(got[0]), got[1]["ETag"]
-        except ValueError:
-            raise FatalError(f"s3://{self.bucket.name}/{key} holds {got[0][:40]!r}, not an epoch number",
-                             component=COMPONENT) from None
-
     # -- commit -----------------------------------------------------------------------------
     def commit(self, txn_id: str) -> None:
         t0 = time.perf_counter()
@@ -311,30 +197,12 @@ class MultipartTxns:
             return  # committed and cleaned up, aborted, or never prepared here: nothing to do
         self._complete_all(prepared)
         self._prepared.pop(txn_id, None)
-        if not self._committed:
-            self._committed_since = time.monotonic()
-        self._committed[self.layout.pending_key(txn_id)] = None
-        self._tidy()
+        self.cleanup.committed(self.layout.pending_key(txn_id))
         self.timings.commit_ms = (time.perf_counter() - t0) * 1000
-
-    def _tidy(self, force: bool = False) -> None:
-        """Delete the ``.json`` of committed txns, several in one background DeleteObjects.
-
-        The ``.json`` of a committed txn only tidies up, so it need not go at once: every
-        :data:`CLEANUP_BATCH` commits (or :data:`CLEANUP_AGE_S`, or at close and recover) one
-        request deletes them all instead of one request per commit. Until then, or after a crash,
-        ``recover`` finds them complete and finishes them like any committed txn it finds.
-        """
-        self._reap_cleanups()
-        due = len(self._committed) >= CLEANUP_BATCH or time.monotonic() - self._committed_since >= CLEANUP_AGE_S
-        if self._committed and (force or due):
-            keys = list(self._committed)
-            self._cleanups.append((self._small.submit(self.bucket.delete, keys), keys))
-            self._committed = {}
 
     def _complete_all(self, prepared: Prepared) -> None:
         txn = prepared.manifest.txn_id
-        epochs = [self._small.submit(self._raise_epoch, r.tp, r.epoch) for r in prepared.manifest.ranges]
+        epochs = [self._small.submit(self.fence.raise_epoch, r.tp, r.epoch) for r in prepared.manifest.ranges]
         completes = [self._data.submit(self._complete, txn, s) for s in prepared.staged]
         inflight: list[Future[Any]] = [*completes, *epochs]
         wait(inflight)
@@ -377,44 +245,6 @@ class MultipartTxns:
         head = self.bucket.call("head_object", key, Key=key, none_on=MISSING)
         return head is not None and head.get("Metadata", {}).get("eosink-txn") == quote(txn_id, safe="")
 
-    def _raise_epoch(self, tp: TopicPartition, epoch: int) -> None:
-        """Compare-and-set the epoch object to ``max(stored, epoch)``; never lowers it."""
-        if self._epochs.get(tp, -1) >= epoch:
-            return
-        key = self.layout.epoch_key(tp)
-        fenced = self._fenced.pop(tp, None)  # what this prepare's fence saw: a stale one only loses the CAS
-        for _ in range(20):
-            seen, etag = fenced or self._stored_epoch(tp)
-            fenced = None
-            if seen >= epoch:
-                break
-            cond = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
-            if self.bucket.call("put_object", key, Key=key, Body=str(epoch).encode(), none_on=CONFLICT, **cond) is not None:
-                break  # None: another writer changed it since we read it; read again
-        else:
-            raise RetryableError(f"epoch of {tp} at s3://{self.bucket.name}/{key} keeps changing under us",
-                                 component=COMPONENT)
-        self._epochs[tp] = max(self._epochs.get(tp, -1), epoch)
-
-    def _reap_cleanups(self, block: bool = False) -> None:
-        """Forget finished background cleanups (waiting for all with ``block``); a failed one is
-        logged and its keys go with the next one: its txns are committed, and ``recover``
-        finishes the cleanup of any an instance did not."""
-        if block:
-            wait([f for f, _ in self._cleanups])
-        still: list[tuple[Future[None], list[str]]] = []
-        for f, keys in self._cleanups:
-            if not f.done():
-                still.append((f, keys))
-            elif f.exception() is not None:
-                structlog.get_logger("eosink.s3").warning(
-                    "cleanup_failed", connector=self.layout.connector, bucket=self.bucket.name, error=str(f.exception()),
-                    note="the txns are committed; the next cleanup or recover deletes their .json")
-                if not self._committed:
-                    self._committed_since = time.monotonic()
-                self._committed.update(dict.fromkeys(keys))
-        self._cleanups = still
-
     # -- abort / recover --------------------------------------------------------------------
     def abort(self, txn_id: str) -> None:
         prepared = self._prepared.pop(txn_id, None) or self._load(txn_id)
@@ -427,8 +257,8 @@ class MultipartTxns:
         self.bucket.call("abort_multipart_upload", key, Key=key, UploadId=upload_id, none_on=MISSING)
 
     def recover(self) -> list[TxnManifest]:
-        self._tidy(force=True)
-        self._reap_cleanups(block=True)  # not to race this instance's own background deletes
+        self.cleanup.tidy(force=True)
+        self.cleanup.reap(block=True)  # not to race this instance's own background deletes
         found = [p for p in map(self._load_key, self._pending_keys()) if p is not None]
         open_uploads = {u["UploadId"]: u for u in self.bucket.uploads(self.layout.data_prefix)}
         out: list[TxnManifest] = []

@@ -1,9 +1,10 @@
 """The S3 sink: one object per partition per txn, staged as a multipart upload, completed at commit.
 
 The two phases are S3's own (CreateMultipartUpload + UploadPart at prepare, CompleteMultipartUpload
-at commit): :mod:`.protocol` says how and why, :mod:`.encoding` what the objects hold,
-:mod:`.staging` how ``write`` groups and encodes the slices of a batch as they arrive,
-:mod:`.client` how failures become outcome classes. This module is the connector: its
+at commit): :mod:`.protocol` says how and why (its keys and ``.json`` in :mod:`.layout`, its epoch
+fence in :mod:`.fence`, its deletes of committed ``.json`` in :mod:`.cleanup`), :mod:`.encoding`
+what the objects hold, :mod:`.staging` how ``write`` groups and encodes the slices of a batch as
+they arrive, :mod:`.client` how failures become outcome classes. This module is the connector: its
 configuration, its lifecycle, and the objects of a txn (one per partition of its manifest).
 
 **Visibility.** Each object appears atomically and complete; the objects of one txn appear one
@@ -24,7 +25,8 @@ from eosink.connectors.api.sink import TwoPhaseCommitSink
 from eosink.connectors.common import heap
 from eosink.connectors.s3.client import Bucket, code_of, make_client, status_of
 from eosink.connectors.s3.encoding import ENCODERS
-from eosink.connectors.s3.protocol import BOOKKEEPING_THREADS, MIB, CycleTimings, Layout, MultipartTxns
+from eosink.connectors.s3.layout import Layout
+from eosink.connectors.s3.protocol import BOOKKEEPING_THREADS, MIB, CycleTimings, MultipartTxns
 from eosink.connectors.s3.staging import Staging
 
 COMPONENT = "s3"

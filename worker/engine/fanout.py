@@ -5,7 +5,7 @@ transaction, plus the dead-letter sink under ``errors.tolerance=all``. The cycle
 all of them, so each phase must reach every sink: prepare on all before the decision, commit on
 all after it (retried in place: the decision stands whatever a sink says), abort on all on every
 abort path (remembered and retried when a sink cannot abort now). Keeping the loops here leaves
-``task.py`` with the cycle's decisions, not its plumbing.
+``cycle.py`` with the cycle's decisions, not its plumbing.
 """
 
 from __future__ import annotations

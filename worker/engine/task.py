@@ -1,57 +1,36 @@
-"""The commit cycle of one connector on one worker: begin, flush, prepare, decide, commit.
+"""One connector's task on one worker: what it is made of, and the thread that runs its cycles.
 
-Everything a cycle does is here, in the order it does it; what it leans on lives next door:
-the task's states and settings in ``types.py`` (:class:`~eosink.worker.engine.types.TaskState`
-lists the transitions), the decision log in ``decision.py``, recovery in ``recovery.py`` and
-bad records under ``errors.tolerance`` in ``tolerance.py``.
-
-Outcomes of a cycle follow the failure table of ``docs/architecture.md``: a failure before the
-decision aborts every sink (ABORTED, retried); a refused compare-and-set, at the decision or at a
-sink's resource, is FENCED (abort, drop those partitions); an unknown decision outcome is settled
-by reading the log once reconnected; a commit is retried in place (see ``fanout.py``), and the decision stands.
-Recovery of newly acquired partitions is described there too ("Recovery") and done in ``recovery.py``.
+The worker builds a :class:`SinkTask` per connector it runs and hands it partitions; the task's
+thread applies them between cycles and cycles until it is stopped. What a cycle does is in
+``cycle.py``, what the task holds and the states that puts it in, in ``holding.py``.
 """
 
 from __future__ import annotations
 
-import secrets
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import structlog
 
-from eosink.connectors.api.errors import CommitStateUnknownError, EosinkError, FatalError, FencedError, Outcome, outcome_of
-from eosink.connectors.api.records import TopicPartition, TxnManifest
+from eosink.connectors.api.records import TopicPartition
 from eosink.connectors.api.sink import TwoPhaseCommitSink
 from eosink.worker import metrics
-from eosink.worker.engine import gcpause, snapshot
-from eosink.worker.engine.decision import DecisionLog, Grant, PartitionsFenced, Settlement, settle_unknown
+from eosink.worker.engine import snapshot
+from eosink.worker.engine.cycle import CycleRunner
+from eosink.worker.engine.decision import DecisionLog
 from eosink.worker.engine.fanout import SinkFanout
-from eosink.worker.engine.faults import FAULTS
-from eosink.worker.engine.ranges import check_not_behind, txn_ranges
-from eosink.worker.engine.recovery import recover
-from eosink.worker.engine.source import Batch, RecordSource
+from eosink.worker.engine.source import RecordSource
 from eosink.worker.engine.tolerance import RetryTimeout, Tolerance
-from eosink.worker.engine.types import (
-    Backoff,
-    CycleOutcome,
-    CycleResult,
-    Prepared,
-    TaskSettings,
-    TaskState,
-    TaskStatus,
-    Unresolved,
-)
+from eosink.worker.engine.types import Backoff, CycleOutcome, CycleResult, TaskSettings, TaskState, TaskStatus
 from eosink.worker.logging import get_logger
 from eosink.worker.transforms import TransformChain
 
 log = get_logger("eosink.worker.engine.task")
 
 
-class SinkTask:
+class SinkTask(CycleRunner):
     """Runs commit cycles for one connector over the partitions this worker holds."""
 
     def __init__(
@@ -76,10 +55,10 @@ class SinkTask:
         #: The connector's Single Message Transforms (``transforms=...``); empty: records go as decoded.
         self.transforms = transforms or None
         self.paused = False
-        self.delivered: dict[TopicPartition, int] = {}
-        self.lag: dict[TopicPartition, int] = {}
+        self.delivered = {}
+        self.lag = {}
         #: When a cycle last committed each held partition (monotonic): the freshness metric.
-        self.last_commit: dict[TopicPartition, float] = {}
+        self.last_commit = {}
         self.source = source
         self.log = decision_log
         self.settings = settings or TaskSettings()
@@ -89,11 +68,11 @@ class SinkTask:
         #: the new status at once instead of at its next poll.
         self.on_change = on_change
         self.state = TaskState.UNASSIGNED
-        self.trace: str | None = None
-        self.grants: dict[TopicPartition, Grant] = {}
-        self._unrecovered: set[TopicPartition] = set()
-        self.unresolved: dict[str, Unresolved] = {}
-        self._generation: str | None = None
+        self.trace = None
+        self.grants = {}
+        self._unrecovered = set()
+        self.unresolved = {}
+        self._generation = None
         self._counter = 0
         self._backoff = Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s)
         self._lock = threading.RLock()
@@ -192,289 +171,7 @@ class SinkTask:
             self.grants.clear()
             self.state = TaskState.STOPPED
 
-    # ------------------------------------------------------------------ assignment and recovery
-    def assign(self, partitions: Iterable[TopicPartition]) -> None:
-        """Hold exactly ``partitions``: release what is gone, acquire (epoch bump) and recover what is new."""
-        wanted = set(partitions)
-        with self._lock:
-            gone = {tp: g for tp, g in self.grants.items() if tp not in wanted}
-            if gone:
-                self.log.release(self.connector, gone)
-                for tp in gone:
-                    self.grants.pop(tp)
-                    self._unrecovered.discard(tp)
-                    self.delivered.pop(tp, None)
-                    self.last_commit.pop(tp, None)
-                self._tolerance.keep_only(wanted)
-            new = wanted - set(self.grants)
-            if new:
-                self.grants.update(self.log.acquire(self.connector, new))
-                self._generation = None  # a new generation for txns after every acquisition
-                self._resuming_until = time.monotonic() + self.settings.commit_interval_s
-                self._unrecovered |= new
-                self.last_commit.update(dict.fromkeys(new, time.monotonic()))  # freshness counts from the handoff
-                self.logger.info("partitions_acquired", partitions=sorted(str(tp) for tp in new),
-                                 epochs={str(tp): self.grants[tp].epoch for tp in new})
-            if self.state in (TaskState.UNASSIGNED, TaskState.RUNNING, TaskState.RECOVERING):
-                held = TaskState.RUNNING if self.grants else TaskState.UNASSIGNED
-                self.state = TaskState.RECOVERING if self._unrecovered else held
-            if self.state is not TaskState.FAILED:
-                self._recover_pending()
-                self._position()
-
-    def active_partitions(self) -> list[TopicPartition]:
-        blocked = {tp for u in self.unresolved.values() for tp in u.partitions}
-        return sorted(tp for tp in self.grants if tp not in self._unrecovered and tp not in blocked)
-
-    def _position(self) -> None:
-        active = self.active_partitions()
-        self.source.assign({tp: self.grants[tp].next_offset for tp in active})
-
-    def _recover_pending(self) -> bool:
-        """Recover newly acquired partitions; True when all are resolved (or reported)."""
-        if not self._unrecovered:
-            return True
-        FAULTS.hit("recover")
-        targets = set(self._unrecovered)
-        try:
-            recover(self.connector, self.sinks, self.log, self.grants, targets, self.unresolved, self.logger)
-        except Exception as exc:  # noqa: BLE001 - classified below
-            if outcome_of(exc) is Outcome.FATAL:
-                self._fail(exc)
-            else:
-                self.logger.warning("recovery_retry", error=str(exc))
-            return False
-        self._unrecovered -= targets
-        self._recovered_at = time.monotonic()
-        if not self._unrecovered and self.state is TaskState.RECOVERING:
-            self.state = TaskState.RUNNING if self.grants else TaskState.UNASSIGNED
-        return True
-
-    def _drop(self, partitions: Iterable[TopicPartition]) -> None:
-        dropped = frozenset(partitions)
-        for tp in dropped:
-            self.grants.pop(tp, None)
-            self._unrecovered.discard(tp)
-        self._position()
-        if not self.grants and self.state is not TaskState.FAILED:
-            self.state = TaskState.UNASSIGNED
-        if self.on_fenced is not None:
-            self.on_fenced(dropped)
-
-    # ------------------------------------------------------------------ the cycle
-    def run_cycle(self) -> CycleResult:
-        with self._lock:
-            if self.state is TaskState.FAILED or self.state is TaskState.STOPPED or self.paused:
-                return CycleResult(CycleOutcome.EMPTY)
-            if self.fanout.abort_pending and not self.fanout.retry_aborts():
-                return CycleResult(CycleOutcome.ABORTED)
-            if time.monotonic() - self._recovered_at > self.settings.recovery_interval_s:
-                self._unrecovered |= set(self.grants)
-            if self._unrecovered:
-                if not self._recover_pending():
-                    return CycleResult(CycleOutcome.ABORTED)
-                self._position()
-            if not self.active_partitions():
-                return CycleResult(CycleOutcome.EMPTY)
-            with gcpause.paused():  # a batch is born and dies within its cycle: no collector pass over it
-                result = self._cycle()
-                while result.redo:  # one more rejected record is known now: deliver the rest without it
-                    result = self._cycle()
-            return result
-
-    def _cycle(self) -> CycleResult:
-        started = time.monotonic()
-        txn_id = self.next_txn_id()
-        FAULTS.hit("begin")
-        prepared = self._prepare(txn_id)
-        if isinstance(prepared, CycleResult):
-            return prepared  # empty, or aborted before the decision
-        FAULTS.hit("after_prepare")
-        undecided = self._decide(txn_id, prepared.next_offsets)
-        if undecided is not None:
-            return undecided
-        FAULTS.hit("after_decide")
-        return self._commit(txn_id, prepared, started)
-
-    def _prepare(self, txn_id: str) -> Prepared | CycleResult:
-        """Begin, flush and prepare on every sink; any failure aborts them all (nothing is decided yet)."""
-        s = self.settings
-        batch: Batch | None = None
-        touched: frozenset[TopicPartition] = frozenset()
-        try:
-            self.fanout.begin(txn_id)
-            # Right after a handoff, flush what is there at once (in short flushes until the first
-            # records arrive, for at most one interval): the new owner resumes promptly.
-            resuming = time.monotonic() < self._resuming_until
-            flush_s = min(s.commit_interval_s, 0.1) if resuming else s.commit_interval_s
-            # Without transforms or a dead-letter sink the records go to the sinks as they are read (each
-            # slice once, in order: ``write`` * n of the contract), so a sink can write while the rest is read.
-            incremental = getattr(self.source, "incremental", False)
-            streamed = incremental and self.transforms is None and self.dead_letter is None and not self._tolerance.poison
-            batch = self._poll(flush_s, incremental, streamed)
-            metrics.CONSUMED.labels(self.connector).inc(len(batch.records) + len(batch.failed))
-            if batch.records:
-                self._resuming_until = 0.0
-            FAULTS.hit("flush")
-            records, failed = self._tolerance.split(batch)
-            if not records and not failed:
-                if batch.error is not None:
-                    self._fail(batch.error)
-                    return CycleResult(CycleOutcome.FATAL, txn_id, error=batch.error)
-                return CycleResult(CycleOutcome.EMPTY, txn_id)
-            ranges, counts = txn_ranges(records, self.grants, failed)  # as read: a router may rename topics
-            touched = frozenset(r.tp for r in ranges)
-            check_not_behind(self.connector, ranges, self.grants)
-            if self.transforms is not None:
-                records = self._tolerance.transform(self.transforms, records, failed, owned=batch.fresh)
-            if not streamed:
-                self.fanout.write(records)
-            if failed:
-                self._tolerance.report(failed, txn_id, self.grants)
-            manifest = TxnManifest(txn_id, self.connector, ranges)
-            t_prepare = time.monotonic()
-            self.fanout.pre_commit(manifest)
-            metrics.STEP_SECONDS.labels(self.connector, "prepare").observe(time.monotonic() - t_prepare)
-            return Prepared(batch, records, counts, {r.tp: r.next_offset for r in manifest.ranges})
-        except Exception as exc:  # noqa: BLE001 - every failure before the decision aborts
-            if isinstance(exc, FencedError):  # a resource holds a newer epoch: a zombie there, as at the decision
-                return self._fenced(txn_id, PartitionsFenced(self.connector, touched or self.grants, str(exc)),
-                                    refused_by=getattr(exc, "component", None) or "a sink")
-            if batch is not None and self._tolerance.rejected(exc, batch):
-                self.fanout.abort(txn_id)
-                self._position()  # rewind to the decision: the batch is read again, without the record
-                return CycleResult(CycleOutcome.ABORTED, txn_id, error=exc, redo=True)
-            return self._abort_cycle(txn_id, exc)
-
-    def _poll(self, flush_s: float, incremental: bool, stream: bool) -> Batch:
-        """The cycle's records. An ``incremental`` source (one that can tell it has read everything
-        available) ends the flush then, once the cycle is ``commit_min_interval_s`` old (not at once: a
-        trickle would make a transaction per record); with ``stream`` it hands them to the sinks as it
-        reads them."""
-        s = self.settings
-        if not incremental:
-            return self.source.poll_batch(s.max_records, s.max_bytes, flush_s)
-        if not stream:
-            return self.source.poll_batch(s.max_records, s.max_bytes, flush_s,  # type: ignore[call-arg]
-                                          min_s=s.commit_min_interval_s)
-        # A sink that takes the records alone, untransformed, may have them decoded into its rows.
-        rows = getattr(self.fanout.sinks[0], "row_decoder", None) if len(self.fanout.sinks) == 1 else None
-        return self.source.poll_batch(s.max_records, s.max_bytes, flush_s,  # type: ignore[call-arg]
-                                      min_s=s.commit_min_interval_s, on_chunk=self.fanout.write, rows=rows)
-
-    def _decide(self, txn_id: str, next_offsets: dict[TopicPartition, int]) -> CycleResult | None:
-        """The single commit point. None when the txn is decided (the grants then hold the decision);
-        otherwise the cycle's outcome, with the sinks aborted where the txn is known not to be decided."""
-        t_decide = time.monotonic()
-        try:
-            new_grants = self.log.decide(self.connector, txn_id, next_offsets, self.grants)
-        except PartitionsFenced as exc:
-            return self._fenced(txn_id, exc)
-        except CommitStateUnknownError as exc:
-            settled = settle_unknown(self.log, self.connector, txn_id, next_offsets, self.grants,
-                                     wait_s=self.settings.unknown_decision_wait_s, sleep=self.sleep)
-            if settled.outcome is Settlement.CANNOT_TELL:
-                self.logger.bind(txn=txn_id).error("decision_unknown_left_for_recovery", error=str(exc))
-                self._drop(frozenset(self.grants))
-                return CycleResult(CycleOutcome.FENCED, txn_id, error=exc)
-            if settled.outcome is Settlement.NOT_DECIDED:
-                if settled.overtaken:  # a newer epoch took the partitions while we were away: fenced
-                    return self._fenced(txn_id, PartitionsFenced(self.connector, settled.overtaken),
-                                        after="unknown outcome")
-                return self._abort_cycle(txn_id, exc)
-            new_grants = settled.grants
-        except Exception as exc:  # noqa: BLE001 - refused before sending: nothing decided
-            return self._abort_cycle(txn_id, exc)
-        metrics.STEP_SECONDS.labels(self.connector, "decide").observe(time.monotonic() - t_decide)
-        self.grants.update(new_grants)
-        self._tolerance.decided(next_offsets)
-        return None
-
-    def _commit(self, txn_id: str, prepared: Prepared, started: float) -> CycleResult:
-        """The decision stands: commit every sink, retrying in place; then the cycle is delivered."""
-        batch = prepared.batch
-        t_commit = time.monotonic()
-        try:
-            self.fanout.commit(txn_id)
-        except FatalError as exc:
-            self._fail(exc)
-            metrics.CYCLES.labels(self.connector, CycleOutcome.FATAL.value).inc()
-            return CycleResult(CycleOutcome.FATAL, txn_id, len(batch.records), batch.nbytes, error=exc)
-        FAULTS.hit("after_commit")
-        metrics.STEP_SECONDS.labels(self.connector, "commit").observe(time.monotonic() - t_commit)
-        self.source.commit_offsets(prepared.next_offsets)
-        for tp, c in prepared.counts.items():
-            self.delivered[tp] = self.delivered.get(tp, 0) + c
-        self.last_commit.update(dict.fromkeys(prepared.next_offsets, time.monotonic()))
-        n, nbytes = len(prepared.records), batch.nbytes
-        metrics.CYCLES.labels(self.connector, CycleOutcome.SUCCEEDED.value).inc()
-        metrics.RECORDS.labels(self.connector).inc(n)
-        metrics.BYTES.labels(self.connector).inc(nbytes)
-        metrics.CYCLE_SECONDS.labels(self.connector).observe(time.monotonic() - started)
-        self._backoff.reset()
-        self.logger.bind(txn=txn_id).info("cycle_committed", records=n, bytes=nbytes,
-                                           partitions=len(prepared.next_offsets))
-        self._report_lag()
-        if batch.error is not None:
-            # Everything before the bad record is delivered; nothing at or after it is.
-            self._fail(batch.error)
-            return CycleResult(CycleOutcome.FATAL, txn_id, n, nbytes, error=batch.error)
-        return CycleResult(CycleOutcome.SUCCEEDED, txn_id, n, nbytes)
-
-    def _report_lag(self, every_s: float = 5.0, *, fresh: bool = False) -> None:
-        """``fresh``: ask the broker (idle or paused: nothing is being fetched, so the watermark the
-        last fetch carried is stale); otherwise use that cached watermark (no round trip in a cycle)."""
-        now = time.monotonic()
-        if now - self._lag_at < every_s:
-            return
-        self._lag_at = now
-        self.lag = self.source.lag(fresh=fresh)
-
-    # ------------------------------------------------------------------ when a cycle fails
-    def _abort_cycle(self, txn_id: str, exc: BaseException) -> CycleResult:
-        self.fanout.abort(txn_id)
-        if outcome_of(exc) is Outcome.FATAL:
-            self._fail(exc)
-            metrics.CYCLES.labels(self.connector, CycleOutcome.FATAL.value).inc()
-            return CycleResult(CycleOutcome.FATAL, txn_id, error=exc)
-        self.logger.warning("cycle_aborted", txn=txn_id, error=str(exc), error_class=type(exc).__name__)
-        metrics.CYCLES.labels(self.connector, CycleOutcome.ABORTED.value).inc()
-        self._unrecovered |= set(self.grants)  # whatever blocked us may be an orphaned prepared txn
-        self._position()
-        return CycleResult(CycleOutcome.ABORTED, txn_id, error=exc)
-
-    def _fenced(self, txn_id: str, exc: PartitionsFenced, **why: str) -> CycleResult:
-        """A newer epoch holds some of the txn's partitions: abort it and let those partitions go."""
-        metrics.FENCED.labels(self.connector).inc()
-        self.logger.bind(txn=txn_id).warning("decision_fenced", partitions=sorted(map(str, exc.partitions)), **why)
-        self.fanout.abort(txn_id)
-        self._drop(exc.partitions)
-        return CycleResult(CycleOutcome.FENCED, txn_id, error=exc)
-
-    def _fail(self, exc: BaseException) -> None:
-        self.state = TaskState.FAILED
-        if isinstance(exc, EosinkError):
-            self.trace = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        else:
-            self.trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        if self.on_change is not None:
-            self.on_change()
-        self.logger.error("task_failed", error=str(exc), error_class=type(exc).__name__)
-
-    # ------------------------------------------------------------------ identity and status
-    def next_txn_id(self) -> str:
-        """``connector.worker.generation.counter``: stable, unique, and never reset on restart.
-
-        The generation is a fresh ZooKeeper sequence number at every acquisition, plus a random
-        suffix: the sequence is unique only within one cluster's ZooKeeper path, while the sinks
-        (a PostgreSQL database, a bucket) may be shared by several clusters that register the
-        same connector name - a repeated id would look "already committed" there."""
-        if self._generation is None:
-            self._generation = f"{self.log.new_generation(self.connector)}-{secrets.token_hex(3)}"
-            self._counter = 0
-        self._counter += 1
-        return f"{self.connector}.{self.worker_id}.{self._generation}.{self._counter}"
-
+    # ------------------------------------------------------------------ status
     def status(self) -> TaskStatus:
         """A snapshot for ``/status``, taken without the cycle lock (see :func:`snapshot.status_of`)."""
         return snapshot.status_of(self)

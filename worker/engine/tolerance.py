@@ -15,7 +15,7 @@ routes it to the dead-letter sink (see ``eosink.worker.engine.deadletter``).
 before it fails with the last error as its reason, instead of retrying quietly forever.
 
 Both are policy over the cycle's outcomes, with memory across cycles; keeping them here keeps
-``task.py`` about the cycle itself.
+``cycle.py`` about the cycle itself.
 """
 
 from __future__ import annotations

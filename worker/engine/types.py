@@ -2,7 +2,7 @@
 
 The control plane (status, settings from a connector's config) and the tests need the task's
 states, outcomes and settings without the cycle's machinery; recovery and tolerance need them
-without importing the task. So they live here, and ``task.py`` is left with the cycle itself.
+without importing the task. So they live here, and ``cycle.py`` is left with the cycle itself.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class TaskState(str, enum.Enum):
 
 
 class CycleOutcome(str, enum.Enum):
-    """How one cycle ended (the failure table in ``task.py``)."""
+    """How one cycle ended (the failure table in ``cycle.py``)."""
 
     SUCCEEDED = "succeeded"
     EMPTY = "empty"
