@@ -213,7 +213,7 @@ class MultipartTxns:
                 f"commit {txn}: multipart upload {s.upload_id} of s3://{self.bucket.name}/{s.key} is gone and that "
                 "object was not written by this txn: the prepared batch is lost. Was it aborted by a bucket lifecycle "
                 "rule AbortIncompleteMultipartUpload shorter than a prepared txn can wait for its commit? Lengthen or "
-                "remove that rule (README: runbook, 'prepared S3 uploads vanished')", component=COMPONENT)
+                "remove that rule (docs/operations/runbooks.md: 'Prepared S3 uploads vanished')", component=COMPONENT)
         _settle(epochs)
 
     def _complete(self, txn_id: str, s: Staged) -> Staged | None:
