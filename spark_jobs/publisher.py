@@ -13,7 +13,6 @@ the others published nothing; re-running with the *same* run id publishes exactl
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -33,7 +32,8 @@ from eosink.spark_jobs.errors import PartitioningChangedError, PublishError, fro
 from eosink.spark_jobs.ledger import RunState, entry_value, read_run
 from eosink.spark_jobs.naming import LEDGER_TOPIC, run_marker_key, validate_name
 from eosink.spark_jobs.outbox import Outbox, normalize, project
-from eosink.spark_jobs.task import NEW_IN_THIS_CALL, SUMMARY_DDL, FaultHook, PartitionResult, TaskSpec, make_task_function
+from eosink.spark_jobs.summary import SUMMARY_DDL, make_task_function, result_of
+from eosink.spark_jobs.task import NEW_IN_THIS_CALL, FaultHook, PartitionResult, TaskSpec
 
 log = logging.getLogger("eosink.spark")
 
@@ -187,11 +187,7 @@ def publish_outbox(
         original.message += note
         original.args = (original.message,)
         raise original from e
-    results = [
-        PartitionResult(r.partition, r.attempt, r.status, r.records, json.loads(r.topics), r.seconds, r.transactional_id,
-                        json.loads(r.steps), r.c_rows)
-        for r in rows
-    ]
+    results = [result_of(r) for r in rows]
     job_ended = time.monotonic()
     results.sort(key=lambda r: r.partition)
     n = len(results)

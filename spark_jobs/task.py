@@ -30,37 +30,31 @@ deterministic (Spark's own retry contract). The exactly-once guarantee above doe
 
 from __future__ import annotations
 
-import gc
-import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaException, Producer
 
-from eosink.connectors.api.records import ID_HEADER, RUN_HEADER
 from eosink.spark_jobs import kafka_checks
 from eosink.spark_jobs import native as native_produce
 from eosink.spark_jobs.errors import (
     COMPONENT,
     AuthorizationError,
-    BrokerUnreachableError,
     PublishError,
     TaskTooLongError,
-    TransactionAbortedError,
     TransactionFencedError,
-    TransactionTimeoutError,
 )
 from eosink.spark_jobs.ledger import LedgerEntry, entry_value, lookup_committed
 from eosink.spark_jobs.naming import ledger_key, record_id_prefix, transactional_id
 from eosink.spark_jobs.outbox import CompiledOutbox
+from eosink.spark_jobs.produce import ProduceLoops, plain_outbox
+from eosink.spark_jobs.txn_errors import classify
 from eosink.worker.engine.kafka_errors import authorization_error
 
 FaultHook = Callable[[str, int, int], None]
-#: Record headers as confluent-kafka takes them.
-Headers = list[tuple[str, str | bytes | None]]
 """Test-only: called as ``hook(point, partition, attempt)`` at the points below; may raise."""
 
 FAULT_POINTS = ("before_init", "after_init", "after_check", "after_first_batch", "before_commit", "after_commit")
@@ -69,33 +63,6 @@ PUBLISHED = "published"  # this attempt committed the partition
 COMMITTED_BY_EARLIER_ATTEMPT = "committed_by_earlier_attempt"  # same call, an earlier attempt committed
 SKIPPED = "skipped"  # an earlier call with the same run id committed it
 NEW_IN_THIS_CALL = (PUBLISHED, COMMITTED_BY_EARLIER_ATTEMPT)
-
-#: ``produce``'s positional arguments are (topic, value, key, partition, on_delivery, callback, timestamp,
-#: headers); -1 is librdkafka's "let the partitioner choose" (what omitting ``partition`` means) and a
-#: timestamp of 0 means "now".
-_ANY_PARTITION = -1
-
-_FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
-_UNREACHABLE_CODES = {KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN}
-
-SUMMARY_SCHEMA = pa.schema(
-    [
-        ("partition", pa.int32()),
-        ("attempt", pa.int32()),
-        ("status", pa.string()),
-        ("records", pa.int64()),
-        ("topics", pa.string()),
-        ("seconds", pa.float64()),
-        ("transactional_id", pa.string()),
-        ("steps", pa.string()),
-        ("c_rows", pa.int64()),
-    ]
-)
-SUMMARY_DDL = (
-    "partition int, attempt int, status string, records long, topics string, seconds double, transactional_id string, "
-    "steps string, c_rows long"
-)
-
 
 @dataclass(frozen=True)
 class TaskSpec:
@@ -146,29 +113,7 @@ class PartitionResult:
 STEPS = ("open", "input", "write", "commit")
 
 
-def _error(e: KafkaException, tid: str, bootstrap: str, during: str, settings: dict[str, Any] | None = None) -> Exception:
-    """Translate a librdkafka error into eosink's classes (decided by code, never by text)."""
-    err: KafkaError = e.args[0]
-    refused = authorization_error(err, settings or {}, "WRITE", tid, component=COMPONENT, cls=AuthorizationError,
-                                  resource_type="transactional.id" if err.name() == "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
-                                  else None)
-    if refused is not None:
-        return refused
-    code = err.code()
-    if code in _FENCED_CODES:
-        return TransactionFencedError(tid, f"{during}: {err.str()}")
-    if code == KafkaError.INVALID_TRANSACTION_TIMEOUT:
-        return TransactionTimeoutError(f"the broker rejected the transaction timeout of '{tid}': {err.str()}")
-    if code in _UNREACHABLE_CODES and during == "init_transactions":
-        return BrokerUnreachableError(bootstrap, f"init_transactions of '{tid}': {err.str()}")
-    if err.txn_requires_abort():
-        return TransactionAbortedError(tid, f"{during}: {err.str()}")
-    if err.retriable():
-        return BrokerUnreachableError(bootstrap, f"{during} of '{tid}': {err.str()}")
-    return PublishError(f"{during} of '{tid}' failed: {err.str()}")
-
-
-class PartitionPublisher:
+class PartitionPublisher(ProduceLoops):
     """One attempt at one partition: ``open()``, ``write()`` Arrow batches, ``commit()``.
 
     Used by the Spark task (:func:`publish_partition`) and directly by tests that need to drive
@@ -219,7 +164,7 @@ class PartitionPublisher:
                                           component=COMPONENT, cls=AuthorizationError)
             if refused is not None:
                 return refused
-        return _error(e, self.tid, self.spec.bootstrap, during, self.spec.producer_config)
+        return classify(e, self.tid, self.spec.bootstrap, during, self.spec.producer_config)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -247,7 +192,7 @@ class PartitionPublisher:
             self._producer = Producer(conf)
         except KafkaException as e:
             raise PublishError(f"invalid producer configuration for '{self.tid}': {e.args[0].str()}") from None
-        self._native = native_produce.loop_for(self._producer) if spec.native_produce and _plain_outbox(spec) else None
+        self._native = native_produce.loop_for(self._producer) if spec.native_produce and plain_outbox(spec) else None
         try:
             # A broker connection first: librdkafka asks for the transaction coordinator at once and, with no
             # broker up yet (a busy executor), retries only 500 ms later - measured here in about half of the tasks.
@@ -290,115 +235,6 @@ class PartitionPublisher:
             self._produce(batch)
         self._took("write", began)
         self._check_budget()
-
-    def _produce(self, batch: pa.RecordBatch) -> None:
-        """Every row of ``batch`` into the open transaction: one ``produce()`` call per record.
-
-        This loop is the publisher's per-record Python cost, so it is kept to the minimum the
-        client allows: keys and values arrive as ``bytes`` (the projection casts keys to binary
-        in the JVM, so nothing is decoded here and re-encoded by the client), ``produce`` takes
-        positional arguments (parsing keywords costs ~0.15 us a call), and the only objects built
-        per row are the header list, the ``eosink.id`` tuple and its string. confluent-kafka has no
-        batch call that takes headers (``produce_batch`` refuses them), and it copies the headers
-        of every call into librdkafka, so the list cannot be shared between rows. The cyclic
-        garbage collector is paused for the loop: those containers die at once and never form
-        cycles, yet they would trigger a collection every few hundred rows (~4% of the task's CPU
-        in a profile), each walking every young object of the worker.
-        """
-        if self._native is not None and self._produce_natively(batch):
-            return
-        producer = self._producer
-        assert producer is not None
-        produce = producer.produce
-        prefix, run, extra = self._prefix, self._run, self.spec.extra_headers
-        run_header = (RUN_HEADER, run)
-        seq = self.seq
-        cols = batch.columns
-        plan = []
-        for ob in self.spec.outboxes:
-            whens = cols[ob.when_col].to_pylist() if ob.when_col is not None else None
-            plan.append(
-                (ob.topic, cols[ob.key_col].to_pylist(), cols[ob.value_col].to_pylist(), whens, extra + ob.headers)
-            )
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            if len(plan) == 1 and plan[0][3] is None and not plan[0][4]:
-                # The common case, kept tight: one topic, every row, only the two eosink headers.
-                topic, keys, values, _, _ = plan[0]
-                for key, value in zip(keys, values):
-                    hdrs: Headers = [(ID_HEADER, prefix + str(seq)), run_header]
-                    try:
-                        produce(topic, value, key, _ANY_PARTITION, None, None, 0, hdrs)
-                    except BufferError:
-                        self._produce_when_room(topic, value, key, hdrs)
-                    seq += 1
-                self.counts[topic] += len(keys)
-            else:
-                for i in range(batch.num_rows):
-                    for topic, keys, values, whens, more in plan:
-                        if whens is not None and not whens[i]:
-                            continue
-                        hdrs = [(ID_HEADER, prefix + str(seq)), run_header, *more]
-                        try:
-                            produce(topic, values[i], keys[i], _ANY_PARTITION, None, None, 0, hdrs)
-                        except BufferError:
-                            self._produce_when_room(topic, values[i], keys[i], hdrs)
-                        seq += 1
-                        self.counts[topic] += 1
-        except KafkaException as e:
-            raise self._fail(e, "produce") from None
-        finally:
-            self.seq = seq
-            if collecting:
-                gc.enable()
-        producer.poll(0)
-
-    def _produce_natively(self, batch: pa.RecordBatch) -> bool:
-        """The common case (:func:`_plain_outbox`) in the C loop (:mod:`eosink.spark_jobs.native`);
-        False, having produced nothing, for columns it does not read."""
-        native = self._native
-        assert native is not None and self._producer is not None
-        ob = self.spec.outboxes[0]
-        keys, values = batch.column(ob.key_col), batch.column(ob.value_col)
-        if not native.fits(keys, values):
-            return False
-        producer, first, n, seq = self._producer, 0, batch.num_rows, self.seq
-        prefix = self._prefix.encode()
-        try:
-            while first < n:
-                done, err = native.produce(ob.topic, keys, values, first, ID_HEADER, prefix, seq + first, RUN_HEADER, self._run)
-                first = done
-                if err == native_produce.QUEUE_FULL:
-                    producer.poll(0.05)  # librdkafka's queue is full: let it send, as the Python loop does
-                    self._check_budget()
-                elif err:
-                    # Any other refusal: the same row through the client, which raises it as its own error
-                    # (a fenced or failed producer) - or takes it, if the condition has passed.
-                    k, v = keys[first].as_py(), values[first].as_py()
-                    self._produce_when_room(ob.topic, v, k, [(ID_HEADER, self._prefix + str(seq + first)), (RUN_HEADER, self._run)])
-                    first += 1
-        except KafkaException as e:
-            raise self._fail(e, "produce") from None
-        finally:
-            self.seq = seq + first
-        self.counts[ob.topic] += n
-        self.c_rows += n
-        producer.poll(0)
-        return True
-
-    def _produce_when_room(self, topic: str, value: Any, key: Any, hdrs: Headers) -> None:
-        """The local queue is full: wait for deliveries, serving the client's callbacks, until there is room
-        (back-pressure; with reports only for failures, delivered records free their room themselves)."""
-        assert self._producer is not None
-        while True:
-            self._producer.poll(0.05)
-            self._check_budget()
-            try:
-                self._producer.produce(topic, value, key, headers=hdrs)
-                return
-            except BufferError:
-                continue
 
     def _check_budget(self) -> None:
         """Abort before the coordinator does: its abort would surface later as a confusing error."""
@@ -522,11 +358,6 @@ class PartitionPublisher:
         )
 
 
-def _plain_outbox(spec: TaskSpec) -> bool:
-    """The common case the C loop takes: one topic, every row, only the two eosink headers."""
-    return len(spec.outboxes) == 1 and not spec.extra_headers and spec.outboxes[0].when_col is None and not spec.outboxes[0].headers
-
-
 def publish_partition(spec: TaskSpec, partition: int, attempt: int, batches: Iterator[pa.RecordBatch]) -> PartitionResult:
     """One Spark task: open (fence + ledger check), write every batch, commit."""
     pub = PartitionPublisher(spec, partition, attempt)
@@ -551,34 +382,3 @@ def publish_partition(spec: TaskSpec, partition: int, attempt: int, batches: Ite
         pub.close()
 
 
-def summary_batch(result: PartitionResult) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist(
-        [
-            {
-                "partition": result.partition,
-                "attempt": result.attempt,
-                "status": result.status,
-                "records": result.records,
-                "topics": json.dumps(result.topics, sort_keys=True),
-                "seconds": result.seconds,
-                "transactional_id": result.transactional_id,
-                "steps": json.dumps(result.steps),
-                "c_rows": result.c_rows,
-            }
-        ],
-        schema=SUMMARY_SCHEMA,
-    )
-
-
-def make_task_function(spec: TaskSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The function handed to ``DataFrame.mapInArrow``: one summary row per partition."""
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        partition = ctx.partitionId() if ctx else 0
-        attempt = ctx.attemptNumber() if ctx else 0
-        yield summary_batch(publish_partition(spec, partition, attempt, batches))
-
-    return run
