@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
-from collections import defaultdict
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.metricskit import Samples, scrape, value
 from tests.procs import publish, register, wait_until
 from tests.restkit import call, produce, start_worker
 
@@ -26,26 +24,6 @@ pytestmark = pytest.mark.chaos
 
 PARTITIONS = 6
 SESSION = 4.0
-
-Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
-def scrape(url: str) -> Samples:
-    """Every sample of a worker's ``/metrics``, by sample name (counters with their ``_total``)."""
-    text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
-    out: Samples = defaultdict(list)
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[s.name].append((dict(s.labels), float(s.value)))
-    return out
-
-
-def value(samples: Samples, name: str, **labels: str) -> float | None:
-    """The one sample of ``name`` whose labels include ``labels``; None when there is none."""
-    found = [v for ls, v in samples.get(name, []) if all(ls.get(k) == x for k, x in labels.items())]
-    assert len(found) <= 1, f"{name}{labels} has {len(found)} series"
-    return found[0] if found else None
-
 
 def partitions_of(samples: Samples, name: str, connector: str) -> set[str]:
     return {f"{ls['topic']}-{ls['partition']}" for ls, _ in samples.get(name, []) if ls.get("connector") == connector}

@@ -204,8 +204,10 @@ def test_go_binary_uses_the_cache_layout_and_needs_no_go_once_built(tmp_path, mo
     (built / "minio").write_text("#!/bin/sh\n")
     (built / "minio").chmod(0o755)
     assert go_binary("github.com/minio/minio", "v1", ["minio"]) == {"minio": built / "minio"}
-    assert package_of("github.com/minio/minio", "minio") == "github.com/minio/minio"
+    assert package_of("github.com/minio/minio", "minio", root="minio") == "github.com/minio/minio"
     assert package_of("github.com/prometheus/prometheus", "promtool") == "github.com/prometheus/prometheus/cmd/promtool"
+    # Named like its module, and still a cmd/ package: Prometheus' module root is no package at all.
+    assert package_of("github.com/prometheus/prometheus", "prometheus") == "github.com/prometheus/prometheus/cmd/prometheus"
 
 
 def test_maven_resolution_prints_a_line_before_and_elapsed_time_while_it_runs(tmp_path, monkeypatch, capsys):

@@ -113,6 +113,10 @@ class LiveCollector(Collector):
                                      labels=["connector"])
         lag = GaugeMetricFamily("eosink_consumer_lag", "Records behind the high watermark, per partition this worker holds.",
                                 labels=["connector", "topic", "partition"])
+        stalled = GaugeMetricFamily(
+            "eosink_partition_stalled_seconds",
+            "Seconds a held partition's position has stood while its high watermark moved: read_committed waits behind a "
+            "transaction left open (present only while it stalls).", labels=["connector", "topic", "partition"])
         fresh = GaugeMetricFamily(
             "eosink_seconds_since_last_commit",
             "Seconds since a cycle last committed records of the partition here (since it was acquired, before the first).",
@@ -130,6 +134,8 @@ class LiveCollector(Collector):
             assigned.add_metric([c], len(g["partitions"]))
             for tp, n in g["lag"].items():
                 lag.add_metric([c, tp.topic, str(tp.partition)], n)
+            for tp, s in g["stalled"].items():
+                stalled.add_metric([c, tp.topic, str(tp.partition)], s)
             for tp, at in g["last_commit"].items():
                 fresh.add_metric([c, tp.topic, str(tp.partition)], max(0.0, now - at))
             unresolved.add_metric([c], len(g["unresolved_since"]))
@@ -137,7 +143,7 @@ class LiveCollector(Collector):
         with_task = {t.connector for t in tasks}
         for c in sorted({c for w in workers for c in w.failed_connectors()} - with_task):
             failed.add_metric([c], 1.0)  # it failed before it had a task: FAILED in /status too
-        yield from (failed, assigned, lag, fresh, unresolved, age)
+        yield from (failed, assigned, lag, stalled, fresh, unresolved, age)
         if workers:
             zk = GaugeMetricFamily("eosink_zookeeper_connected", "1 while this worker's ZooKeeper session is connected.")
             leader = GaugeMetricFamily("eosink_leader", "1 while this worker leads the cluster (assigns partitions).")

@@ -114,8 +114,10 @@ class ClusterAdmin:
         if d.get("state") not in (None, state):
             out["eosink_state"] = d["state"]
         epochs, lag, delivered = d.get("epochs", {}), d.get("lag", {}), d.get("delivered", {})
+        stalled = d.get("stalled", {})
         out["partitions"] = [{"partition": p, "epoch": epochs.get(p), "lag": lag.get(p),
                               "delivered": delivered.get(p, 0)}
+                             | ({"stalled_behind_open_transaction_s": stalled[p]} if p in stalled else {})
                              for p in d.get("partitions", [])]
         if d.get("unresolved"):
             out["unresolved"] = d["unresolved"]

@@ -30,7 +30,7 @@ def task_report(task: SinkTask, worker_id: str) -> dict[str, Any]:
         "trace": st.trace,
         "unresolved": [{"txn": u.txn_id, "partitions": sorted(map(str, u.partitions)), "reason": u.reason}
                        for u in st.unresolved],
-        "delivered": st.delivered, "lag": st.lag, "retrying": st.retrying,
+        "delivered": st.delivered, "lag": st.lag, "retrying": st.retrying, "stalled": st.stalled,
     }
 
 
@@ -71,7 +71,7 @@ class StatusPublisher:
             doc = json.dumps(redact(d), sort_keys=True).encode()
             if self._published.get(name) == doc:
                 continue
-            shape = json.dumps({k: v for k, v in d.items() if k not in ("delivered", "lag")}, sort_keys=True).encode()
+            shape = json.dumps({k: v for k, v in d.items() if k not in ("delivered", "lag", "stalled")}, sort_keys=True).encode()
             if self._published_shape.get(name) == shape and now - self._published_at.get(name, 0.0) < every_s:
                 continue
             path = paths.task_status(root, name, self.worker_id)

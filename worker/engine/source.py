@@ -18,6 +18,7 @@ from eosink.connectors.api.rows import RowRecord
 from eosink.worker.engine import gcpause
 from eosink.worker.engine.converters import CONVERTERS, converter, json_checked, json_value
 from eosink.worker.engine.kafka_errors import ConnectionWatch, authorization_error
+from eosink.worker.engine.stall import StallWatch
 
 #: A cycle carries at most this many failed records (they are listed in one ZooKeeper znode).
 MAX_FAILED_PER_BATCH = 1000
@@ -164,10 +165,15 @@ class KafkaSource:
         # No decision yet: start where the reset policy says - never at the group's committed offset, which
         # is only a best-effort copy for Kafka tooling and may be stale (e.g. after the offsets were reset).
         self._reset_to = OFFSET_BEGINNING if reset == "earliest" else OFFSET_END
+        self._from_start = reset == "earliest"
         self._pending: list[Any] = []
         #: Set by the task to end the flush in progress early (stop requested, assignment changed).
         self.interrupt = threading.Event()
         self._assigned: list[TopicPartition] = []
+        #: Where each partition was assigned from: its position until librdkafka reports one (it does
+        #: only once a message was consumed; a partition blocked from its first offset has none).
+        self._start: dict[TopicPartition, int] = {}
+        self.stalls = StallWatch()
         #: time.monotonic() when the first records arrived after the last assign() (None: not yet):
         #: how long a new owner waits for data, and where a benchmark starts a steady-state clock.
         self.first_record_at: float | None = None
@@ -216,6 +222,7 @@ class KafkaSource:
         self._pending = []
         self._last = []
         self._assigned = sorted(positions)
+        self._start = {tp: off for tp, off in positions.items() if off is not None}
         self._at_end = set()
         self.first_record_at = None
         self._learn_topics({tp.topic for tp in positions})
@@ -426,20 +433,29 @@ class KafkaSource:
         from confluent_kafka import TopicPartition as KTP
 
         out: dict[TopicPartition, int] = {}
+        samples: dict[TopicPartition, tuple[int, int]] = {}
         try:
             positions = self.consumer.position([KTP(tp.topic, tp.partition) for tp in self._assigned])
         except KafkaException:
             return out
         for p in positions:
             try:
-                # Cached: the high watermark the last fetch response carried, no broker round trip
-                # (used inside cycles); fresh: asked of the broker (idle or paused tasks).
-                _, high = (self.consumer.get_watermark_offsets(p, timeout=1, cached=False) if fresh
-                           else self.consumer.get_watermark_offsets(p, cached=True))
+                # Cached: the watermarks the last fetch response carried, no broker round trip (used inside
+                # cycles); fresh: asked of the broker (idle or paused tasks) - which answers a read_committed
+                # consumer with the last stable offset, so a stall is judged on the fetched high watermark.
+                fetched = self.consumer.get_watermark_offsets(p, cached=True)
+                low, high = self.consumer.get_watermark_offsets(p, timeout=1, cached=False) if fresh else fetched
             except KafkaException:
                 continue
-            if p.offset >= 0 and high >= 0:
-                out[TopicPartition(p.topic, p.partition)] = max(0, high - p.offset)
+            tp = TopicPartition(p.topic, p.partition)
+            # Before its first message librdkafka reports no position: the assigned offset, or the log's
+            # start for a partition no decision names yet (consumer.auto.offset.reset=earliest).
+            position = p.offset if p.offset >= 0 else self._start.get(tp, low if self._from_start else -1)
+            if position >= 0 and high >= 0:
+                out[tp] = max(0, high - position)
+            if position >= 0 and fetched[1] >= 0:
+                samples[tp] = (position, fetched[1])
+        self.stalls.observe(samples)  # the same samples tell a stall behind an open transaction (engine.stall)
         return out
 
     def close(self) -> None:

@@ -132,6 +132,8 @@ class TaskStatus:
     #: While cycles keep aborting on a retryable error: that error (naming its component and
     #: address) and for how long, so /status shows a fault before errors.retry.timeout fails the task.
     retrying: str | None = None
+    #: Seconds each stalled partition has stood behind a transaction left open (``engine.stall``).
+    stalled: dict[str, int] = field(default_factory=dict)
 
 
 class Backoff:

@@ -41,19 +41,22 @@ def tool_name(module: str) -> str:
     return module.rstrip("/").rsplit("/", 1)[-1]
 
 
-def package_of(module: str, name: str) -> str:
-    """The package that builds binary ``name``: the module itself when it is named so (MinIO), else ``cmd/<name>``."""
-    return module if name == tool_name(module) else f"{module}/cmd/{name}"
+def package_of(module: str, name: str, root: str | None = None) -> str:
+    """The package that builds binary ``name``: the module itself for ``root``, the binary whose main package is
+    the module's root (MinIO's ``minio``), else ``cmd/<name>``. Being named like the module says nothing:
+    Prometheus' ``prometheus`` is ``cmd/prometheus``, and its root is no package at all."""
+    return module if name == root else f"{module}/cmd/{name}"
 
 
 def binary_dir(module: str, version: str) -> Path:
     return cache_root() / tool_name(module) / version
 
 
-def go_binary(module: str, version: str, names: Sequence[str], *, component: str | None = None,
+def go_binary(module: str, version: str, names: Sequence[str], *, root: str | None = None, component: str | None = None,
               progress: Out | None = None) -> dict[str, Path]:
     """Paths of the binaries ``names`` of ``module@version``, built with ``go install`` when missing.
 
+    ``root`` names the binary built from the module's root package (see :func:`package_of`);
     ``component`` names the caller in errors (default: the tool); ``progress`` receives the build's
     progress lines (default: stderr). Raises :class:`ComponentError` naming Go when ``go`` is not on
     PATH, and quoting the build's last lines when it fails.
@@ -78,7 +81,7 @@ def go_binary(module: str, version: str, names: Sequence[str], *, component: str
         if all(os.access(p, os.X_OK) for p in paths.values()):  # another process built them while we waited
             return paths
         target.mkdir(parents=True, exist_ok=True)
-        argv = [go, "install", *(f"{package_of(module, n)}@{version}" for n in names)]
+        argv = [go, "install", *(f"{package_of(module, n, root)}@{version}" for n in names)]
         env = {**os.environ, "GOBIN": str(target), "CGO_ENABLED": os.environ.get("CGO_ENABLED", "0")}
         what = f"building {', '.join(names)} {version} with Go (first run only)"
         done = run_with_progress(argv, env, what, who, progress or sys.stderr)

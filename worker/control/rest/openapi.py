@@ -64,7 +64,10 @@ SCHEMAS: dict[str, Any] = {
         "version": {"type": "string"}, "eosink_state": {"type": "string"},
         "partitions": {"type": "array", "items": {"type": "object", "properties": {
             "partition": {"type": "string"}, "epoch": {"type": ["integer", "null"]}, "lag": {"type": ["integer", "null"]},
-            "delivered": {"type": "integer"}}}},
+            "delivered": {"type": "integer"},
+            "stalled_behind_open_transaction_s": {"type": "integer", "description": "present while the partition's position "
+                                                  "stands and its high watermark moves: read_committed waits behind an open "
+                                                  "transaction"}}}},
         "unresolved": {"type": "array", "items": {"type": "object"}}}},
     "ConnectorStatus": {"type": "object", "required": ["name", "connector", "tasks", "type"], "properties": {
         "name": {"type": "string"}, "type": {"type": "string"},

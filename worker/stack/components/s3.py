@@ -49,7 +49,7 @@ def server_env(root: tuple[str, str] | None = None) -> dict[str, str]:
 def binary(report: Callable[[str], None] | None = None) -> Path:
     """The MinIO binary, built from its Go module on first use (see :mod:`eosink.worker.stack.gotools`)."""
     progress = gotools.ReportLines(report) if report is not None else None
-    return gotools.go_binary(MODULE, VERSION, ["minio"], component="s3", progress=progress)["minio"]
+    return gotools.go_binary(MODULE, VERSION, ["minio"], root="minio", component="s3", progress=progress)["minio"]
 
 
 class S3(Component):
