@@ -18,6 +18,7 @@ from eosink.connectors.api.rows import RowRecord
 from eosink.worker.engine import gcpause
 from eosink.worker.engine.converters import CONVERTERS, converter, json_checked, json_value
 from eosink.worker.engine.kafka_errors import ConnectionWatch, authorization_error
+from eosink.worker.engine.progress import SourceProgress
 from eosink.worker.engine.stall import StallWatch
 
 #: A cycle carries at most this many failed records (they are listed in one ZooKeeper znode).
@@ -93,7 +94,7 @@ PINNED = {"isolation.level": "read_committed", "enable.auto.commit": False, "ena
 #: ``on_chunk`` receives the records decoded so far once at least this many are waiting.
 CHUNK_RECORDS = 20_000
 
-class KafkaSource:
+class KafkaSource(SourceProgress):
     """A confluent-kafka consumer with a manual assignment (ZooKeeper assigns, not the group).
 
     ``group.id`` is still set (``eosink-<connector>``), so offsets committed best effort after
@@ -190,30 +191,6 @@ class KafkaSource:
         if self.converter != "json" or not self.keep_raw:
             return False
         self.decode = json_checked
-        return True
-
-    def caught_up(self) -> bool:
-        """Has everything available been read? Nothing fetched is waiting in this source, and every
-        assigned partition is at its end: it reported its end (librdkafka's end-of-partition event:
-        position at the last stable offset, read_committed) with no record since, or its position has
-        reached the high watermark the last fetch saw.
-
-        The second test is for a steady trickle of transactions: librdkafka emits no end-of-partition
-        event when a fetch ends on a transaction's commit marker, so a partition that received a
-        transaction in every poll slice never reported its end, and every cycle waited out its whole
-        ``commit.interval.ms`` (measured: 10 records committed every 100 ms, 0 end events in 60 polls,
-        the position at the high watermark after each). Both tests are local: the watermark is the one
-        cached from the last fetch."""
-        if not self._assigned or self._pending:
-            return False
-        if len(self._at_end) >= len(self._assigned):
-            return True
-        from confluent_kafka import TopicPartition as KTP
-
-        rest = [KTP(tp.topic, tp.partition) for tp in self._assigned if tp not in self._at_end]
-        for tp in self.consumer.position(rest):
-            if tp.offset < 0 or tp.offset < self.consumer.get_watermark_offsets(tp, cached=True)[1]:
-                return False  # never read (no position yet), or records (or an open transaction) ahead
         return True
 
     def assign(self, positions: Mapping[TopicPartition, int | None]) -> None:
@@ -427,36 +404,6 @@ class KafkaSource:
             self.consumer.commit(offsets=[KTP(tp.topic, tp.partition, off) for tp, off in offsets.items()], asynchronous=True)
         except KafkaException:
             pass  # best effort: the decision log, not the group, is the source of truth
-
-    def lag(self, *, fresh: bool = False) -> dict[TopicPartition, int]:
-        from confluent_kafka import KafkaException
-        from confluent_kafka import TopicPartition as KTP
-
-        out: dict[TopicPartition, int] = {}
-        samples: dict[TopicPartition, tuple[int, int]] = {}
-        try:
-            positions = self.consumer.position([KTP(tp.topic, tp.partition) for tp in self._assigned])
-        except KafkaException:
-            return out
-        for p in positions:
-            try:
-                # Cached: the watermarks the last fetch response carried, no broker round trip (used inside
-                # cycles); fresh: asked of the broker (idle or paused tasks) - which answers a read_committed
-                # consumer with the last stable offset, so a stall is judged on the fetched high watermark.
-                fetched = self.consumer.get_watermark_offsets(p, cached=True)
-                low, high = self.consumer.get_watermark_offsets(p, timeout=1, cached=False) if fresh else fetched
-            except KafkaException:
-                continue
-            tp = TopicPartition(p.topic, p.partition)
-            # Before its first message librdkafka reports no position: the assigned offset, or the log's
-            # start for a partition no decision names yet (consumer.auto.offset.reset=earliest).
-            position = p.offset if p.offset >= 0 else self._start.get(tp, low if self._from_start else -1)
-            if position >= 0 and high >= 0:
-                out[tp] = max(0, high - position)
-            if position >= 0 and fetched[1] >= 0:
-                samples[tp] = (position, fetched[1])
-        self.stalls.observe(samples)  # the same samples tell a stall behind an open transaction (engine.stall)
-        return out
 
     def close(self) -> None:
         self._last = []
