@@ -63,7 +63,7 @@ container-demo: stack images
 	$(PY) -m eosink.worker.stack.container_demo
 
 # Benchmarks (ratios against a baseline measured in the same script): `make bench-worker`, ...
-BENCHES := bench-e2e bench-worker bench-cluster bench-postgres bench-s3 bench-http bench-iceberg bench-spark
+BENCHES := bench-e2e bench-worker bench-cluster bench-postgres bench-s3 bench-http bench-iceberg bench-spark bench-latency
 bench: $(BENCHES)
 # bench-X runs bench/bench_X.py, bench/bench_X_sink.py or bench/bench_X_publisher.py, whichever exists.
 $(BENCHES): bench-%: stack
