@@ -113,7 +113,7 @@ def test_every_registration_the_docs_show_is_valid():
     pages = [repo / "README.md", *sorted((repo / "docs").rglob("*.md"))]
     blocks = [json.loads(b) for page in pages for b in re.findall(r"```json\n(.*?)```", page.read_text(), re.S)
               if '"connector.class"' in b]
-    blocks += [json.loads(f.read_text()) for f in sorted((repo / "configs").glob("*.json"))]
+    blocks += [json.loads(f.read_text()) for f in sorted((repo / "configs").rglob("*.json"))]
     assert len(blocks) >= 5
     for doc in blocks:
         parse_connector(doc["name"], doc["config"], resolve=False, check_clients=True)

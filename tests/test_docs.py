@@ -27,7 +27,7 @@ def bash_blocks(page: Path) -> list[str]:
 
 def quickstart(page: Path) -> str:
     """The page's five-minute block: the one that registers the quickstart connector."""
-    found = [b for b in bash_blocks(page) if "configs/quickstart-orders.json" in b]
+    found = [b for b in bash_blocks(page) if "configs/quickstart/orders.json" in b]
     assert len(found) == 1, f"{page}: expected one five-minute block, found {len(found)}"
     return found[0]
 
