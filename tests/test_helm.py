@@ -47,7 +47,7 @@ EVERYTHING: dict[str, Any] = {
                                                            "connection.url": f"${{file:{SECRET_FILE}:orders.dsn}}"}}),
         "files": {"name": "files", "config": {"connector.class": "filesystem", "topics": "files", "file.path": "/var/lib/eosink/out"}},
     },
-    "connectorsJob": {"delete": ["retired"]},
+    "connectorsJob": {"delete": ["retired"], "extraEnv": [{"name": "EOSINK_REST_TOKEN", "value": f"${{file:{SECRET_FILE}:rest.token}}"}]},
     "nodeSelector": {"kubernetes.io/os": "linux"},
     "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "eosink", "effect": "NoSchedule"}],
     "podAnnotations": {"example.com/team": "data"},
@@ -144,6 +144,8 @@ def test_connectors_become_a_configmap_applied_by_a_post_install_and_post_upgrad
     assert "eosink connectors apply /connectors" in script
     assert 'eosink connectors delete "retired"' in script, "a connector goes only when named in connectorsJob.delete"
     assert {"name": "EOSINK_URL", "value": "http://eosink:8083"} in container["env"]
+    assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/connectors", "/etc/eosink/secrets"}, \
+        "the Job reads its REST credentials through ${file:...} like the workers"
     assert _one(helm.template(REQUIRED, hooks=True), "StatefulSet") and not kubekit.by_kind(helm.template(REQUIRED), "Job")
 
 

@@ -83,3 +83,15 @@ def template(values: dict[str, Any], release: str = "eosink", namespace: str = "
     if r.returncode != 0:
         raise _error(r, "helm template")
     return [doc for doc in yaml.safe_load_all(r.stdout) if doc]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m eosink.worker.stack.helm ARGS``: the pinned helm (built on first use) with ARGS (``make helm-template``)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    return subprocess.run([str(binary()), *args], env=_env(), check=False).returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
