@@ -82,15 +82,16 @@ def worker_pods(statefulset: dict[str, Any], ports: list[int]) -> list[dict[str,
     return pods
 
 
-def job_pod(job: dict[str, Any], url: str) -> dict[str, Any]:
-    """The Job's pod, talking to ``url`` instead of the Service."""
+def job_pod(job: dict[str, Any], url: str, run: int = 0) -> dict[str, Any]:
+    """The Job's pod, talking to ``url`` instead of the Service; ``run`` numbers the pods of later runs (upgrades)."""
     spec = copy.deepcopy(job["spec"]["template"]["spec"])
     spec["hostNetwork"] = True
     spec["restartPolicy"] = "Never"
     _podman_volumes(spec)
     for c in spec["containers"]:
         _set_env(c, {"EOSINK_URL": url})
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": job["metadata"]["name"]}, "spec": spec}
+    name = job["metadata"]["name"] + (f"-{run}" if run else "")
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
 def config_objects(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:

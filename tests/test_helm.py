@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -239,12 +240,16 @@ def test_chart_pods_under_podman_deliver_a_chart_applied_connector_exactly_once_
         uids = {n: play.podman("exec", c, "id", "-u").strip() for n, c in workers.items()}
         assert set(uids.values()) == {"10001"}, uids
 
-        job_pod = kubekit.job_pod(_one(manifests, "Job"), f"http://127.0.0.1:{ports[0]}")
-        play.play([*config, job_pod], "job")
-        job = f"{job_pod['metadata']['name']}-{job_pod['spec']['containers'][0]['name']}"
-        cd._wait(lambda: play.state(job)[0] == "exited", 90, "the connectors Job to finish")
-        assert play.state(job)[1] == 0, play.logs(job)
-        assert f"created connector {connector}" in play.logs(job)
+        def run_job(rendered: list[dict[str, Any]], run: int) -> str:
+            """The chart's connectors Job as helm would run it after an install (run 0) or an upgrade: its output."""
+            pod = kubekit.job_pod(_one(rendered, "Job"), f"http://127.0.0.1:{ports[0]}", run)
+            play.play([*kubekit.config_objects(rendered), pod], f"job-{run}")
+            job = f"{pod['metadata']['name']}-{pod['spec']['containers'][0]['name']}"
+            cd._wait(lambda: play.state(job)[0] == "exited", 90, "the connectors Job to finish")
+            assert play.state(job)[1] == 0, play.logs(job)
+            return play.logs(job)
+
+        assert f"created connector {connector}" in run_job(manifests, 0)
 
         publisher = cd.Publisher(bootstrap=stack.kafka_bootstrap, topic=topic, partitions=4, txns=30, per_txn=300,
                                  pause_s=0.3, aborted_at=6)
@@ -283,6 +288,15 @@ def test_chart_pods_under_podman_deliver_a_chart_applied_connector_exactly_once_
         assert len(ids) == len(set(ids)) == len(committed), (len(ids), len(set(ids)), len(committed))
         assert set(ids) == committed and not any(i.startswith("aborted-") for i in ids)
         assert prepared == [] and in_doubt == (0,), "no prepared transaction may be left behind"
+        url = f"http://127.0.0.1:{ports[0]}"
+        assert f"updated connector {connector}" in run_job(manifests, 1), "an upgrade applies the same connector again, harmlessly"
+        dropped = helm.template({**values, "connectors": {}, "connectorsJob": {"delete": ["no-such-connector"]}}, release=release)
+        assert "already absent" in run_job(dropped, 2)
+        assert cd._owners(url, connector) == {names[0], names[2]}, "a connector dropped from the values keeps running"
+        retired = helm.template({**values, "connectors": {}, "connectorsJob": {"delete": [connector]}}, release=release)
+        assert f"deleted connector {connector}" in run_job(retired, 3)
+        with pytest.raises(urllib.error.HTTPError):
+            cd._owners(url, connector)
         print(f"kube play: {len(committed)} orders once each; stop took {stop_seconds:.1f} s; "
               f"whole run {time.monotonic() - t0:.0f} s", file=sys.stderr)
     except Exception:
