@@ -72,6 +72,18 @@ def schemas() -> Path:
     return k8s_schema.spec_dir()
 
 
+def test_helm_without_go_names_go_its_module_and_a_cache_folder_called_helm_not_v3(tmp_path, monkeypatch):
+    from eosink.worker.stack.errors import ComponentError
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(ComponentError) as e:
+        helm.binary()
+    text = str(e.value)
+    assert text.startswith("helm:") and "`go`" in text and "helm.sh/helm/v3" in text, text
+    assert str(tmp_path / "eosink" / "helm" / helm.VERSION) in text, text
+
+
 @pytest.mark.parametrize("values", [REQUIRED, EVERYTHING], ids=["required-only", "every-option"])
 def test_chart_passes_helm_lint_strict(helm_bin, values):
     report = helm.lint(values)
