@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 import urllib.error
@@ -55,6 +56,9 @@ EVERYTHING: dict[str, Any] = {
     "imagePullSecrets": [{"name": "registry"}],
 }
 
+#: The demo servers on, no addresses given: the workers use the demo's.
+DEMO: dict[str, Any] = {"demo": {"enabled": True}}
+
 
 def _one(manifests: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     found = kubekit.by_kind(manifests, kind)
@@ -84,13 +88,13 @@ def test_helm_without_go_names_go_its_module_and_a_cache_folder_called_helm_not_
     assert str(tmp_path / "eosink" / "helm" / helm.VERSION) in text, text
 
 
-@pytest.mark.parametrize("values", [REQUIRED, EVERYTHING], ids=["required-only", "every-option"])
+@pytest.mark.parametrize("values", [REQUIRED, EVERYTHING, DEMO], ids=["required-only", "every-option", "demo-servers"])
 def test_chart_passes_helm_lint_strict(helm_bin, values):
     report = helm.lint(values)
     assert "0 chart(s) failed" in report, report
 
 
-@pytest.mark.parametrize("values", [REQUIRED, EVERYTHING], ids=["required-only", "every-option"])
+@pytest.mark.parametrize("values", [REQUIRED, EVERYTHING, DEMO], ids=["required-only", "every-option", "demo-servers"])
 def test_every_rendered_manifest_is_accepted_by_the_kubernetes_v1_34_schemas(helm_bin, schemas, values):
     manifests = helm.template(values)
     errors = [e for m in manifests for e in k8s_schema.validate(m, schemas)]
@@ -100,6 +104,8 @@ def test_every_rendered_manifest_is_accepted_by_the_kubernetes_v1_34_schemas(hel
     expected = ["PodDisruptionBudget", "Service", "Service", "ServiceAccount", "StatefulSet"]
     if values is EVERYTHING:
         expected += ["ConfigMap", "Job", "PrometheusRule", "Secret", "ServiceMonitor"]
+    if values is DEMO:
+        expected += ["Deployment", "Service"] * 4
     assert kinds == sorted(expected)
 
 
@@ -177,6 +183,25 @@ def test_prometheus_rule_is_the_shipped_alerts_file_and_the_service_monitor_scra
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]} and endpoint["path"] == "/metrics"
     assert {"targetLabel": "job", "replacement": "eosink"} in endpoint["relabelings"], "the alert rules select job=\"eosink\""
     assert monitor["metadata"]["labels"]["release"] == "prom"
+
+
+def test_demo_servers_are_compose_s_images_and_settings_and_the_workers_use_them(helm_bin):
+    from eosink.worker.stack import container_demo as cd
+
+    compose = cd.compose()["services"]
+    manifests = helm.template(DEMO, release="try")
+    deployments = {d["metadata"]["name"].removeprefix("try-eosink-demo-"): d["spec"]["template"]["spec"]["containers"][0]
+                   for d in kubekit.by_kind(manifests, "Deployment")}
+    assert sorted(deployments) == ["kafka", "minio", "postgres", "zookeeper"]
+    for name, container in deployments.items():
+        assert container["image"] == compose[name]["image"], name
+    assert "max_prepared_transactions=64" in deployments["postgres"]["args"], "two-phase commit needs prepared transactions"
+    env = {e["name"]: e.get("value") for e in _one(manifests, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["EOSINK_ZOOKEEPER"] == "try-eosink-demo-zookeeper:2181" and env["EOSINK_BOOTSTRAP_SERVERS"] == "try-eosink-demo-kafka:9092"
+    demo_config = (REPO / "configs" / "demo-orders.json").read_text()
+    needed = set(re.findall(r"\$\{env:([A-Z0-9_]+)\}", demo_config))
+    assert needed and needed <= env.keys(), f"configs/demo-orders.json reads {sorted(needed - env.keys())}, unset"
+    assert not kubekit.by_kind(helm.template(REQUIRED), "Deployment"), "the demo servers are off by default"
 
 
 @pytest.mark.parametrize(("values", "message"), [

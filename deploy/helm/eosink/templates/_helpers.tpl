@@ -48,11 +48,28 @@ Checks values.schema.json cannot express; each failure names the value and what 
 A connector is JSON text (what `eosink connectors apply` reads) or the same as YAML; as text it must
 parse and hold a "name" and a "config" object, and its name must be the key (the ConfigMap's file).
 */}}
+{{/* The addresses the workers use: the values, else (demo.enabled) the demo servers'. */}}
+{{- define "eosink.zookeeper" -}}
+{{- if and .Values.demo.enabled (not (trim .Values.zookeeper)) -}}
+{{- printf "%s-demo-zookeeper:2181" (include "eosink.fullname" .) -}}
+{{- else -}}
+{{- .Values.zookeeper -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "eosink.kafka" -}}
+{{- if and .Values.demo.enabled (not (trim .Values.kafka.bootstrapServers)) -}}
+{{- printf "%s-demo-kafka:9092" (include "eosink.fullname" .) -}}
+{{- else -}}
+{{- .Values.kafka.bootstrapServers -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "eosink.validate" -}}
-{{- if not (trim .Values.zookeeper) }}
+{{- if not (trim (include "eosink.zookeeper" .)) }}
 {{- fail "zookeeper is required: the ZooKeeper connect string the workers coordinate through, e.g. --set zookeeper=zk-0.zk:2181,zk-1.zk:2181" }}
 {{- end }}
-{{- if not (trim .Values.kafka.bootstrapServers) }}
+{{- if not (trim (include "eosink.kafka" .)) }}
 {{- fail "kafka.bootstrapServers is required: the Kafka bootstrap servers, e.g. --set kafka.bootstrapServers=kafka:9092" }}
 {{- end }}
 {{- if lt (int .Values.replicas) 1 }}
