@@ -160,8 +160,8 @@ def test_connectors_become_a_configmap_applied_by_a_post_install_and_post_upgrad
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
     container = job["spec"]["template"]["spec"]["containers"][0]
     script = container["args"][0]
-    assert "eosink connectors apply /connectors" in script
-    assert 'eosink connectors delete "retired"' in script, "a connector goes only when named in connectorsJob.delete"
+    assert 'eosink connectors --url "$EOSINK_URL" apply /connectors' in script
+    assert 'eosink connectors --url "$EOSINK_URL" delete "retired"' in script, "a connector goes only when named in connectorsJob.delete"
     assert {"name": "EOSINK_URL", "value": "http://eosink:8083"} in container["env"]
     assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/connectors", "/etc/eosink/secrets"}, \
         "the Job reads its REST credentials through ${file:...} like the workers"
