@@ -10,7 +10,7 @@ EOSINK := $(VENV)/bin/eosink
 PIP_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt setup.py spark_jobs/native/produce.c | sha1sum | cut -c1-12)
 
-.PHONY: venv stack secure-stack demo secure-demo test docs observe down clean bench soak images container-demo $(BENCHES)
+.PHONY: venv stack secure-stack demo secure-demo test docs observe down clean bench soak images container-demo helm-template $(BENCHES)
 
 $(STAMP):
 	@test -x $(PY) || $(PY_SYS) -m venv $(VENV)
@@ -61,6 +61,12 @@ images: venv
 # Three worker containers deliver the demo's fan-out connector through SIGKILL and SIGTERM.
 container-demo: stack images
 	$(PY) -m eosink.worker.stack.container_demo
+
+# The Helm chart's manifests (deploy/helm/eosink), rendered by the pinned helm (built from its Go module on
+# first use); HELM_ARGS gives values, e.g. HELM_ARGS="-f my-values.yaml" (see docs/operations/kubernetes.md).
+HELM_ARGS ?= --set zookeeper=zookeeper:2181 --set kafka.bootstrapServers=kafka:9092
+helm-template: venv
+	@$(PY) -m eosink.worker.stack.helm template eosink deploy/helm/eosink $(HELM_ARGS)
 
 # Benchmarks (ratios against a baseline measured in the same script): `make bench-worker`, ...
 BENCHES := bench-e2e bench-worker bench-cluster bench-postgres bench-s3 bench-http bench-iceberg bench-spark bench-latency

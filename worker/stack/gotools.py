@@ -48,23 +48,25 @@ def package_of(module: str, name: str, root: str | None = None) -> str:
     return module if name == root else f"{module}/cmd/{name}"
 
 
-def binary_dir(module: str, version: str) -> Path:
-    return cache_root() / tool_name(module) / version
+def binary_dir(module: str, version: str, tool: str | None = None) -> Path:
+    return cache_root() / (tool or tool_name(module)) / version
 
 
 def go_binary(module: str, version: str, names: Sequence[str], *, root: str | None = None, component: str | None = None,
-              progress: Out | None = None) -> dict[str, Path]:
+              progress: Out | None = None, tool: str | None = None) -> dict[str, Path]:
     """Paths of the binaries ``names`` of ``module@version``, built with ``go install`` when missing.
 
     ``root`` names the binary built from the module's root package (see :func:`package_of`);
     ``component`` names the caller in errors (default: the tool); ``progress`` receives the build's
-    progress lines (default: stderr). Raises :class:`ComponentError` naming Go when ``go`` is not on
-    PATH, and quoting the build's last lines when it fails.
+    progress lines (default: stderr); ``tool`` names the cache folder where the module's last path
+    element does not (``helm.sh/helm/v3`` would be ``v3``). Raises :class:`ComponentError` naming Go
+    when ``go`` is not on PATH, and quoting the build's last lines when it fails.
     """
     if not names:
         raise ValueError("go_binary needs at least one binary name")
-    who = component or tool_name(module)
-    target = binary_dir(module, version)
+    folder = tool or tool_name(module)
+    who = component or folder
+    target = binary_dir(module, version, tool)
     paths = {n: target / n for n in names}
     if all(os.access(p, os.X_OK) for p in paths.values()):
         return paths
@@ -77,7 +79,7 @@ def go_binary(module: str, version: str, names: Sequence[str], *, root: str | No
             "or put already built binaries there)",
             None,
         )
-    with proc.file_lock(cache_root() / tool_name(module) / ".build.lock"):
+    with proc.file_lock(cache_root() / folder / ".build.lock"):
         if all(os.access(p, os.X_OK) for p in paths.values()):  # another process built them while we waited
             return paths
         target.mkdir(parents=True, exist_ok=True)
