@@ -162,3 +162,87 @@ def test_audit_names_each_fault_made_behind_the_products_back(stack, make_topic,
     assert next(p for p in _sink(report, "archive")["partitions"] if p["partition"] == vpart)["missing"] == lost, text
     assert "NOT CLEAN" in text and "missing: offsets" in text and "foreign: offsets" in text
     assert rc_range == 0 and ranged["ok"] and ranged["source"] == {**ranged["source"], "partitions": 1, "records": 1}, ranged
+
+
+def _publish_keyed(stack: Any, topic: str, rounds: int, keys: int) -> dict[str, int]:
+    """``rounds`` transactions each writing every key once to partition 0, every third aborted; the
+    last committed round of each key, by round number (its value's ``round``)."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": stack.kafka_bootstrap, "transactional.id": f"audit-{topic}", "linger.ms": 5})
+    p.init_transactions(30)
+    last: dict[str, int] = {}
+    for r in range(rounds):
+        p.begin_transaction()
+        for k in range(keys):
+            p.produce(topic, key=f"k{k}".encode(), value=json.dumps({"n": k, "round": r}).encode(), partition=0)
+        if r % 3 == 2:
+            p.flush(30)
+            p.abort_transaction(30)
+        else:
+            p.commit_transaction(30)
+            last.update({f"k{k}": r for k in range(keys)})
+    return last
+
+
+def test_upsert_audit_names_a_row_left_behind_by_an_older_record_of_its_key(stack, make_topic, unique, pg, tmp_path):
+    topic = make_topic(1)
+    name = unique.replace("_", "-")
+    last = _publish_keyed(stack, topic, rounds=7, keys=20)
+    register(stack.zookeeper_hosts, unique, name, {
+        "connector.class": "fanout", "topics": topic, "sinks": "db", "key.converter": "string", "commit.interval.ms": "200",
+        "sinks.db.connector.class": "postgres", "sinks.db.connection.url": stack.postgres_dsn,
+        "sinks.db.table.name.format": unique, "sinks.db.insert.mode": "upsert", "sinks.db.pk.mode": "record_key",
+        "sinks.db.pk.fields": "k"})
+    register(stack.zookeeper_hosts, unique, name + "-blind", {  # one postgres sink per connector and server
+        "connector.class": "postgres", "topics": topic, "connection.url": stack.postgres_dsn,
+        "table.name.format": unique + "_blind", "fields.kafka": "false"})
+    w = _worker(stack, unique, "w-upsert", tmp_path)
+    try:
+        wait_until(lambda: _delivered_db(w.url, name, len(last)), 120, f"{len(last)} keys upserted")
+        rc, report, text = _audit(w.url, name)
+        assert rc == 0 and report["ok"], text
+        rc_blind, blind, blind_text = _audit(w.url, name + "-blind")
+        table = f'"{unique}"'
+        newest = pg.execute(f"SELECT __offset FROM {table} WHERE k = 'k5'").fetchone()[0]
+        older = _committed_offsets_of(stack, topic, b"k5")[-2]
+        pg.execute(f"UPDATE {table} SET __offset = %s WHERE k = 'k5'", (older,))  # an older record of k5 left in place
+        gone = pg.execute(f"DELETE FROM {table} WHERE k = 'k6' RETURNING __offset").fetchone()[0]
+        rc, report, text = _audit(w.url, name)
+    finally:
+        assert w.stop() == 0, w.log_text()[-3000:]
+    assert rc == 1, text
+    db = _sink(report, "db")
+    assert db["totals"] | {} == {**db["totals"], "expected": len(last), "stale": 1, "missing": 2, "foreign": 0}, text
+    assert db["partitions"][0]["culprits"]["missing"]["ranges"] == [f"{newest}-{gone}"], text  # k5, k6: adjacent
+    assert db["partitions"][0]["culprits"]["stale"]["ranges"] == [str(older)], text
+    assert rc_blind == 0 and "postgres: NOT AUDITED: rows carry no Kafka coordinates" in blind_text, blind_text
+    assert _sink(blind, "postgres")["clean"] is None and not _sink(blind, "postgres")["audited"]
+
+
+def _committed_offsets_of(stack: Any, topic: str, key: bytes) -> list[int]:
+    """The offsets of ``key``'s committed records on partition 0 of ``topic``, ascending."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KTP
+
+    c = Consumer({"bootstrap.servers": stack.kafka_bootstrap, "group.id": f"audit-test-{os.getpid()}",
+                  "isolation.level": "read_committed", "enable.auto.commit": False, "enable.partition.eof": True})
+    out: list[int] = []
+    try:
+        c.assign([KTP(topic, 0, 0)])
+        for _ in range(60):
+            for m in c.consume(500, 1.0):
+                if m.error() is not None:
+                    return out
+                if m.key() == key:
+                    out.append(m.offset())
+    finally:
+        c.close()
+    return out
+
+
+def _delivered_db(url: str, name: str, n: int) -> bool:
+    req = urllib.request.Request(f"{url}/connectors/{name}/audit", data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        report = json.loads(resp.read())
+    return _sink(report, "db").get("totals", {}).get("found_once", 0) >= n
