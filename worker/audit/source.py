@@ -102,7 +102,7 @@ def read(bootstrap: str, kafka: Mapping[str, Any], windows: Mapping[TopicPartiti
                 raise SourceUnreadable(f"reading {', '.join(map(str, todo))} took longer than {timeout_s:.0f} s",
                                        component="audit")
             done: set[TopicPartition] = set()
-            for m in consumer.consume(10_000, 0.5):
+            for m in consumer.consume(10_000, 0.05):  # returns at the timeout when fewer are queued
                 err = m.error()
                 tp = TopicPartition(str(m.topic()), int(m.partition() or 0))
                 if err is not None:
@@ -143,22 +143,18 @@ def read(bootstrap: str, kafka: Mapping[str, Any], windows: Mapping[TopicPartiti
 
 def _positions(consumer: Any, todo: Mapping[TopicPartition, Window],
                last_seen: Mapping[TopicPartition, float]) -> Iterable[tuple[TopicPartition, int]]:
-    """The consumer's position of each partition that has returned nothing for a while: a window that
-    ends on a transaction marker or on aborted records returns no record at its end, only a position."""
+    """The consumer's position of each partition still read: a window that ends on a transaction
+    marker (or on aborted records) returns no record at its end, but the position passes it."""
     from confluent_kafka import TopicPartition as KTP
 
-    idle = [tp for tp in todo if time.monotonic() - last_seen[tp] > _IDLE_S]
-    if not idle:
-        return []
     out = []
-    for k in consumer.position([KTP(tp.topic, tp.partition) for tp in idle]):
+    for k in consumer.position([KTP(tp.topic, tp.partition) for tp in todo]):
         tp = TopicPartition(k.topic, k.partition)
         if k.offset >= 0 and k.offset >= todo[tp].end:
             out.append((tp, k.offset))
-            continue
-        # librdkafka may not count a trailing marker in the position: when the log ends at or before
-        # the window's end and nothing came for a while, everything there is has been read.
-        _low, high = consumer.get_watermark_offsets(KTP(tp.topic, tp.partition), timeout=10, cached=False)
-        if high <= todo[tp].end:
-            out.append((tp, todo[tp].end))
+        elif time.monotonic() - last_seen[tp] > _IDLE_S:
+            # Nothing for a while: when the log ends at or before the window's end, all there is was read.
+            _low, high = consumer.get_watermark_offsets(KTP(tp.topic, tp.partition), timeout=10, cached=False)
+            if high <= todo[tp].end:
+                out.append((tp, todo[tp].end))
     return out
