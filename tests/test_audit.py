@@ -199,7 +199,7 @@ def test_upsert_audit_names_a_row_left_behind_by_an_older_record_of_its_key(stac
         "table.name.format": unique + "_blind", "fields.kafka": "false"})
     w = _worker(stack, unique, "w-upsert", tmp_path)
     try:
-        wait_until(lambda: _delivered_db(w.url, name, len(last)), 120, f"{len(last)} keys upserted")
+        wait_until(lambda: _sink_found(w.url, name, "db") >= len(last), 120, f"{len(last)} keys upserted")
         rc, report, text = _audit(w.url, name)
         assert rc == 0 and report["ok"], text
         rc_blind, blind, blind_text = _audit(w.url, name + "-blind")
@@ -241,8 +241,47 @@ def _committed_offsets_of(stack: Any, topic: str, key: bytes) -> list[int]:
     return out
 
 
-def _delivered_db(url: str, name: str, n: int) -> bool:
+def test_iceberg_audit_names_a_row_appended_twice_and_clean_before(stack, make_topic, unique, tmp_path):
+    """Iceberg is read from its current snapshot's coordinate columns; a second append of a row
+    (a copy committed behind the connector's back) is a duplicate."""
+    import pyarrow as pa
+    from pyiceberg.catalog import load_catalog
+
+    from tests.test_iceberg_sink import sql_uri
+
+    topic = make_topic(2)
+    name = unique.replace("_", "-")
+    committed, _aborted = publish(stack.kafka_bootstrap, topic, 2, txns=4, per_txn=100, aborted_every=2)
+    ident = f"eosink_audit.{unique}"
+    catalog = {"uri": sql_uri(stack.postgres_dsn), "warehouse": f"file://{tmp_path}/warehouse"}
+    register(stack.zookeeper_hosts, unique, name, {
+        "connector.class": "iceberg", "topics": topic, "iceberg.catalog.uri": catalog["uri"],
+        "iceberg.catalog.name": "audit_it", "iceberg.warehouse": catalog["warehouse"], "iceberg.table": ident,
+        "commit.interval.ms": "300"})
+    w = _worker(stack, unique, "w-iceberg", tmp_path)
+    try:
+        wait_until(lambda: _sink_found(w.url, name, "iceberg") >= len(committed), 120, f"{len(committed)} rows in Iceberg")
+        rc, report, text = _audit(w.url, name)
+        assert rc == 0 and _sink(report, "iceberg")["totals"]["found_once"] == len(committed), text
+        table = load_catalog("audit_it", **{"type": "sql", **catalog}).load_table(ident)
+        rows = table.scan(row_filter="__partition == 1").to_arrow()
+        doubled = rows.slice(0, 1)
+        table.append(pa.Table.from_batches(doubled.to_batches(), schema=doubled.schema))
+        rc, report, text = _audit(w.url, name)
+    finally:
+        assert w.stop() == 0, w.log_text()[-3000:]
+        try:
+            load_catalog("audit_it", **{"type": "sql", **catalog}).drop_table(ident)
+        except Exception:  # noqa: BLE001 - cleanup only
+            pass
+    assert rc == 1, text
+    t = _sink(report, "iceberg")["totals"]
+    assert (t["duplicated"], t["missing"], t["foreign"]) == (1, 0, 0), text
+    part1 = next(p for p in _sink(report, "iceberg")["partitions"] if p["partition"] == 1)
+    assert part1["culprits"]["duplicated"]["ranges"] == [str(doubled.column("__offset")[0].as_py())], text
+
+
+def _sink_found(url: str, name: str, sink: str) -> int:
     req = urllib.request.Request(f"{url}/connectors/{name}/audit", data=b"", method="POST")
     with urllib.request.urlopen(req, timeout=120) as resp:
-        report = json.loads(resp.read())
-    return _sink(report, "db").get("totals", {}).get("found_once", 0) >= n
+        return int(_sink(json.loads(resp.read()), sink).get("totals", {}).get("found_once", 0))
