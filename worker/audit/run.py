@@ -21,6 +21,9 @@ from eosink.worker.audit import source as src
 from eosink.worker.audit.tally import FAULTS, PartitionAudit, tally
 from eosink.worker.engine.decision import Entry
 
+#: Pause before a sink with missing records is read again (a decided commit may be completing).
+RECHECK_S = 2.0
+
 
 @dataclass(frozen=True)
 class Asked:
@@ -124,6 +127,11 @@ def _sink(reader: AuditReader, source: src.SourceIndex, windows: Mapping[TopicPa
     t0 = time.perf_counter()
     try:
         parts: list[PartitionAudit] = tally(reader, source, windows)
+        if any(p.missing for p in parts):
+            # The decision precedes the sinks' commit: a transaction decided just before the decision
+            # log was read may still be becoming visible. Read the sink once more, a moment later.
+            time.sleep(RECHECK_S)
+            parts = tally(reader, source, windows)
     except EosinkError as exc:
         doc.update(audited=False, error=str(exc), clean=False)
         return doc
