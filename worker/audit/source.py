@@ -91,6 +91,7 @@ def read(bootstrap: str, kafka: Mapping[str, Any], windows: Mapping[TopicPartiti
     consumer = Consumer({**kafka, "bootstrap.servers": bootstrap, "group.id": f"eosink-audit-{uuid.uuid4().hex}",
                          "enable.auto.commit": False, "enable.auto.offset.store": False,
                          "isolation.level": "read_committed", "enable.partition.eof": True,
+                         "auto.offset.reset": "earliest",  # a window starting before the log: from its start
                          "fetch.queue.backoff.ms": 20, "queued.min.messages": 200_000, "log_level": 3})
     try:
         consumer.assign([KTP(tp.topic, tp.partition, w.first) for tp, w in todo.items()])
