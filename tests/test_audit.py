@@ -216,7 +216,9 @@ def test_upsert_audit_names_a_row_left_behind_by_an_older_record_of_its_key(stac
     assert db["totals"] | {} == {**db["totals"], "expected": len(last), "stale": 1, "missing": 2, "foreign": 0}, text
     assert db["partitions"][0]["culprits"]["missing"]["ranges"] == [f"{newest}-{gone}"], text  # k5, k6: adjacent
     assert db["partitions"][0]["culprits"]["stale"]["ranges"] == [str(older)], text
-    assert rc_blind == 0 and "postgres: NOT AUDITED: rows carry no Kafka coordinates" in blind_text, blind_text
+    # Nothing could be checked: not reported clean.
+    assert rc_blind == 1 and "postgres: NOT AUDITED: rows carry no Kafka coordinates" in blind_text, blind_text
+    assert "nothing was audited" in blind_text and not blind["ok"], blind_text
     assert _sink(blind, "postgres")["clean"] is None and not _sink(blind, "postgres")["audited"]
 
 

@@ -113,7 +113,9 @@ def audit(name: str, raw: Mapping[str, Any], decisions: Mapping[TopicPartition, 
                 r.close()
             except Exception:  # noqa: BLE001 - closing is best effort
                 pass
-    ok = all(s["clean"] is not False for s in out)
+    ok = all(s["clean"] is not False for s in out) and any(s["audited"] for s in out)
+    if not any(s["audited"] or s["error"] for s in out):
+        notes.append("no sink of this connector can be read back: nothing was audited, so it is not reported clean")
     return {"connector": name, "ok": ok, "notes": notes, "sinks": out,
             "source": {"records": source.records, "partitions": len(windows), "seconds": round(source.seconds, 3)},
             "seconds": round(time.perf_counter() - t0, 3)}
