@@ -4,7 +4,7 @@ Only committed files are read (a prepared file is invisible to readers, so it is
 Each line is an envelope the sink writes itself (:func:`eosink.connectors.common.jsonlines.envelopes`)
 starting ``{"topic":...,"partition":N,"offset":N,``; that prefix is matched without parsing the
 value, so a large file reads at disk speed. A line that does not match is parsed as JSON; one
-without coordinates is not placeable and counts as foreign. ``file.format=raw`` writes values
+without coordinates is tied to no partition (:data:`NOWHERE`) and counts as foreign. ``file.format=raw`` writes values
 alone: nothing ties a line to its record, so that sink is not audited.
 """
 
@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from eosink.connectors.api.audit import UNPLACED, SourceView, Window
+from eosink.connectors.api.audit import NOWHERE, UNPLACED, SourceView, Window
 from eosink.connectors.api.errors import RetryableError
 from eosink.connectors.api.records import TopicPartition
 
@@ -73,5 +73,5 @@ def _lines(data: bytes) -> Iterable[tuple[TopicPartition, list[int]]]:
                 d = json.loads(line)
                 found.setdefault(TopicPartition(str(d["topic"]), int(d["partition"])), []).append(int(d["offset"]))
             except (ValueError, KeyError, TypeError):
-                found.setdefault(TopicPartition("", -1), []).append(UNPLACED)
+                found.setdefault(NOWHERE, []).append(UNPLACED)
     return found.items()

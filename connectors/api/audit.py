@@ -21,6 +21,9 @@ from eosink.connectors.api.records import TopicPartition
 #: The offset a reader gives a record it found in a partition but cannot place (more lines in an
 #: object than its offsets hold records): counted as present but not in the source.
 UNPLACED = -1
+#: The partition a reader gives a record it cannot tie to any partition (a line with no coordinates
+#: at all): counted as foreign, under this partition, in the sink's report.
+NOWHERE = TopicPartition("", -1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,4 +96,4 @@ class NotAuditable:
         return None
 
 
-__all__ = ["UNPLACED", "AuditReader", "NotAuditable", "SourceView", "Window"]
+__all__ = ["NOWHERE", "UNPLACED", "AuditReader", "NotAuditable", "SourceView", "Window"]

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from eosink.connectors.api.audit import UNPLACED, AuditReader, Window
+from eosink.connectors.api.audit import NOWHERE, UNPLACED, AuditReader, Window
 from eosink.connectors.api.records import TopicPartition
 from eosink.worker.audit.source import SourceIndex
 
@@ -96,11 +96,18 @@ def tally(reader: AuditReader, source: SourceIndex, windows: Mapping[TopicPartit
     """Read the sink once and count every partition of ``windows`` (sightings of other partitions are
     not this connector's: ignored)."""
     held: dict[TopicPartition, Counter[int]] = {tp: Counter() for tp in windows}
+    nowhere = 0
     for tp, chunk in reader.sightings(source, windows):
         c = held.get(tp)
         if c is not None:
             c.update(chunk)
-    return [_partition(reader, source, tp, w, held[tp]) for tp, w in sorted(windows.items())]
+        elif tp == NOWHERE:
+            nowhere += len(chunk)
+    out = [_partition(reader, source, tp, w, held[tp]) for tp, w in sorted(windows.items())]
+    if nowhere:  # records tied to no partition at all: foreign wherever they came from
+        out.append(PartitionAudit(NOWHERE.topic, NOWHERE.partition, 0, 0, foreign=nowhere,
+                                  culprits={"foreign": Culprits(["unplaced"])}))
+    return out
 
 
 def _partition(reader: AuditReader, source: SourceIndex, tp: TopicPartition, w: Window, held: Counter[int]) -> PartitionAudit:
