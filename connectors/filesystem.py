@@ -29,6 +29,7 @@ from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifes
 from eosink.connectors.api.sink import BatchingSink
 from eosink.connectors.common import jsonlines
 from eosink.connectors.common.durable import fsync_dir as _fsync_dir
+from eosink.connectors.filesystem_audit import FilesystemReader
 
 _DATA = ".jsonl"
 _MANIFEST = ".manifest.json"
@@ -83,6 +84,10 @@ class FilesystemSink(BatchingSink):
         self.epochs_dir = self.root / "epochs"
         self.fsync = bool(self.config["file.fsync"])
         self._encode = self._encode_raw if self.config["file.format"] == "raw" else self._encode_jsonl
+
+    def audit_reader(self, name: str) -> FilesystemReader:
+        """The committed files read back, line by line (see :mod:`eosink.connectors.filesystem_audit`)."""
+        return FilesystemReader(name, self.root, self.config["file.format"])
 
     def open(self) -> None:
         try:

@@ -128,6 +128,22 @@ def register(zk_hosts: str, cluster: str, name: str, config: dict, credentials=N
         session.stop()
 
 
+def fanout_config(stack, table: str, topic: str, out: Path, bucket: str) -> dict[str, str]:
+    """A connector delivering ``topic`` into PostgreSQL (table ``table``), files under ``out`` and an
+    S3 bucket at once, in cycles of at most 400 records every 200 ms: many transactions, three sinks."""
+    return {
+        "connector.class": "fanout", "topics": topic, "sinks": "db,files,archive",
+        "sinks.db.connector.class": "postgres", "sinks.db.connection.url": stack.postgres_dsn,
+        "sinks.db.table.name.format": table,
+        "sinks.files.connector.class": "filesystem", "sinks.files.file.path": str(out),
+        "sinks.archive.connector.class": "s3", "sinks.archive.s3.bucket.name": bucket,
+        "sinks.archive.s3.endpoint.url": stack.s3["endpoint_url"], "sinks.archive.s3.region": stack.s3["region_name"],
+        "sinks.archive.aws.access.key.id": stack.s3["aws_access_key_id"],
+        "sinks.archive.aws.secret.access.key": stack.s3["aws_secret_access_key"],
+        "commit.interval.ms": "200", "batch.max.records": "400",
+    }
+
+
 class PrivateMinio:
     """A MinIO of its own (port, data directory) for a test that kills it: never the stack's.
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from tests.procs import WorkerProcess, publish, register, wait_until
+from tests.procs import WorkerProcess, fanout_config, publish, register, wait_until
 
 pytestmark = pytest.mark.chaos
 
@@ -65,17 +65,7 @@ def test_worker_killed_at_step_delivers_exactly_once_after_restart(point, stack,
     s3 = boto3.client("s3", **stack.s3)
     bucket = connector[:63].strip("-")
     committed, aborted = publish(stack.kafka_bootstrap, topic, PARTITIONS, txns=12, per_txn=250, aborted_every=4)
-    register(stack.zookeeper_hosts, unique, connector, {
-        "connector.class": "fanout", "topics": topic, "sinks": "db,files,archive",
-        "sinks.db.connector.class": "postgres", "sinks.db.connection.url": stack.postgres_dsn,
-        "sinks.db.table.name.format": unique,
-        "sinks.files.connector.class": "filesystem", "sinks.files.file.path": str(out),
-        "sinks.archive.connector.class": "s3", "sinks.archive.s3.bucket.name": bucket,
-        "sinks.archive.s3.endpoint.url": stack.s3["endpoint_url"], "sinks.archive.s3.region": stack.s3["region_name"],
-        "sinks.archive.aws.access.key.id": stack.s3["aws_access_key_id"],
-        "sinks.archive.aws.secret.access.key": stack.s3["aws_secret_access_key"],
-        "commit.interval.ms": "200", "batch.max.records": "400",
-    })
+    register(stack.zookeeper_hosts, unique, connector, fanout_config(stack, unique, topic, out, bucket))
     # The 2nd time the point is reached, so that some cycles have committed before the crash.
     # For "recover": first leave a prepared txn behind (killed after prepare), then kill the
     # restarted worker in the middle of recovering it.

@@ -51,6 +51,16 @@ FENCED = Counter("eosink_fenced_attempts_total",
 STALE_BATCHES = Counter("eosink_stale_batches_total", "Batches refused because the consumer went back behind the decision log.",
                         ["connector"])
 RECOVERED = Counter("eosink_recovered_txns_total", "Prepared transactions resolved by recovery.", ["connector", "action"])
+AUDIT_RECORDS = Counter("eosink_audit_records_total", "Due records checked by the continuous audit, per sink.",
+                        ["connector", "sink"])
+AUDIT_MISSING = Counter("eosink_audit_missing_total", "Due records the continuous audit found missing from a sink.",
+                        ["connector", "sink"])
+AUDIT_DUPLICATED = Counter("eosink_audit_duplicated_total", "Due records the continuous audit found more than once in a sink.",
+                           ["connector", "sink"])
+AUDIT_FOREIGN = Counter("eosink_audit_foreign_total", "Records the continuous audit found in a sink that the outbox never "
+                        "committed, or rows superseded by a later record of their key.", ["connector", "sink"])
+AUDIT_ERRORS = Counter("eosink_audit_errors_total", "Continuous audit rounds that could not read the outbox or a sink.",
+                       ["connector", "sink"])
 DEAD_LETTERED = Counter("eosink_records_dead_lettered_total", "Bad records written to the dead-letter topic.", ["connector"])
 TOLERATED = Counter("eosink_records_tolerated_total", "Bad records skipped under errors.tolerance=all, by stage.",
                     ["connector", "stage"])

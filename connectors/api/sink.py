@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from eosink.connectors.api.config import ConfigDef
 from eosink.connectors.api.records import SinkRecord, TxnManifest
+
+if TYPE_CHECKING:
+    from eosink.connectors.api.audit import AuditReader
 
 
 class TwoPhaseCommitSink(abc.ABC):
@@ -96,6 +99,14 @@ class TwoPhaseCommitSink(abc.ABC):
     def recover_and_abort(self, manifest: TxnManifest) -> None:
         """Abort a txn found by :meth:`recover` that no decision names."""
         self.abort(manifest.txn_id)
+
+    # -- audit -------------------------------------------------------------------------------
+    def audit_reader(self, name: str) -> AuditReader:
+        """This sink read back by itself, for ``eosink connectors audit`` (``name``: the sink's name in
+        the report). A sink that cannot be read back says why rather than being reported clean."""
+        from eosink.connectors.api.audit import NotAuditable
+
+        return NotAuditable(name, f"{type(self).__name__} cannot be read back: its contents are not audited")
 
 
 class BatchingSink(TwoPhaseCommitSink):

@@ -39,6 +39,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import urllib3
 
+from eosink.connectors.api.audit import NotAuditable
 from eosink.connectors.api.config import ConfigDef, Importance, Type, at_least, non_empty
 from eosink.connectors.api.errors import ConfigError, FatalError, FencedError, RetryableError
 from eosink.connectors.api.records import LazyJsonRecord, SinkRecord, TxnManifest, json_document
@@ -106,6 +107,11 @@ class HttpSink(BatchingSink):
         .define("http.retry.backoff.ms", Type.LONG, 100, "First backoff; doubles per retry (with jitter).", validator=at_least(0))
         .define("http.retry.backoff.max.ms", Type.LONG, 10_000, "Longest backoff between two attempts.", validator=at_least(0))
     )
+
+    def audit_reader(self, name: str) -> NotAuditable:
+        """An endpoint is read back only by whoever owns it: say so instead of reporting it clean."""
+        return NotAuditable(name, "an HTTP endpoint cannot be read back by eosink: audit it from the endpoint's own "
+                                  "store (each request carries the records' ids and offsets)")
 
     def __init__(self, connector: str, config: Mapping[str, Any], *, sleep: Callable[[float], None] = time.sleep) -> None:
         super().__init__(connector, config)

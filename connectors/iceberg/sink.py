@@ -54,7 +54,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.io.pyarrow import _dataframe_to_data_files, parquet_files_to_data_files
@@ -78,6 +78,9 @@ from eosink.connectors.iceberg.txn import (
     Prepared,
     TableTxn,
 )
+
+if TYPE_CHECKING:
+    from eosink.connectors.iceberg.audit import IcebergReader
 
 __all__ = ["IcebergSink", "CycleTimings", "SUMMARY_TXN", "SUMMARY_CONNECTOR", "SUMMARY_EPOCHS", "SUMMARY_OFFSETS"]
 log = logging.getLogger(__name__)
@@ -148,6 +151,12 @@ class IcebergSink(BatchingSink):
         """Forget in-memory state; prepared txns stay on storage for :meth:`recover`."""
         self.tables.close()
         self._prepared.clear()
+
+    def audit_reader(self, name: str) -> IcebergReader:
+        """The coordinate columns read back (see :mod:`eosink.connectors.iceberg.audit`)."""
+        from eosink.connectors.iceberg.audit import IcebergReader
+
+        return IcebergReader(name, self)
 
     def table_name(self, topic: str) -> str:
         """The table identifier for ``topic`` (``${topic}`` with '.' and '-' as '_')."""

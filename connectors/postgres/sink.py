@@ -68,7 +68,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import Xid
@@ -83,6 +83,9 @@ from eosink.connectors.postgres.book import GID_PREFIX
 from eosink.connectors.postgres.rejects import COMPONENT, NeedsDDL, RowRejected, locate
 from eosink.connectors.postgres.streaming import StreamingCopy
 from eosink.connectors.postgres.tables import Groups, TableCache, TableKey
+
+if TYPE_CHECKING:
+    from eosink.connectors.postgres.audit import PostgresReader
 
 log = logging.getLogger(__name__)
 #: PostgreSQL's GID limit: "a string literal less than 200 bytes long".
@@ -152,6 +155,12 @@ class PostgresSink(StreamingCopy):
                     pass
         self._tx = self._ac = None
         self._tx_state = "idle"
+
+    def audit_reader(self, name: str) -> PostgresReader:
+        """The rows' Kafka coordinates read back (see :mod:`eosink.connectors.postgres.audit`)."""
+        from eosink.connectors.postgres.audit import PostgresReader
+
+        return PostgresReader(name, self)
 
     def _target_tables(self) -> list[TableKey]:
         return self._tables.known()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eosink.connectors.api.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
 from eosink.connectors.api.errors import ConfigError, FatalError
@@ -28,6 +28,9 @@ from eosink.connectors.s3.encoding import ENCODERS
 from eosink.connectors.s3.layout import Layout
 from eosink.connectors.s3.protocol import BOOKKEEPING_THREADS, MIB, CycleTimings, MultipartTxns
 from eosink.connectors.s3.staging import Staging
+
+if TYPE_CHECKING:
+    from eosink.connectors.s3.audit import S3Reader
 
 COMPONENT = "s3"
 
@@ -89,6 +92,18 @@ class S3Sink(TwoPhaseCommitSink):
         self._txns = MultipartTxns(self._bucket, self.layout, part_size=int(c["s3.part.size"]), concurrency=conc)
         self._check_bucket(self._bucket)
         heap.keep_freed_memory()  # each cycle's object bodies reuse the last cycle's pages
+
+    def audit_reader(self, name: str) -> S3Reader:
+        """The visible objects read back (see :mod:`eosink.connectors.s3.audit`), on a client of its own:
+        an audit neither creates the bucket nor touches the sink's uploads."""
+        from eosink.connectors.s3.audit import S3Reader
+
+        c = self.config
+        client = make_client(endpoint_url=c["s3.endpoint.url"], region=c["s3.region"], access_key=c["aws.access.key.id"],
+                             secret_key=c["aws.secret.access.key"], session_token=c["aws.session.token"],
+                             max_attempts=int(c["s3.max.attempts"]), connections=8,
+                             path_style=bool(c["s3.path.style.access"]), ca_bundle=self._ca_bundle())
+        return S3Reader(name, Bucket(client, self.bucket_name, c["s3.endpoint.url"]), self.layout, self.format)
 
     def _ca_bundle(self) -> str | None:
         path = self.config["aws.ca.bundle"]

@@ -164,6 +164,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         zookeeper_credentials=zk_auth.credentials(args),
         zookeeper_ca_file=zk_auth.ca_file(args),
         zookeeper_lock_open_tree=args.zookeeper_lock_open_tree == "true",
+        audit_interval_s=float(args.audit_interval),
+        audit_max_records=args.audit_max_records,
     )
     get_logger("eosink.worker.clients.cli").info("worker_configuring", cluster=opts.cluster, bootstrap=opts.bootstrap,
                                   zookeeper=opts.zookeeper, rest=f"{opts.rest_host}:{opts.rest_port}" if opts.rest_port else "off",
@@ -226,6 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Kafka client setting for every consumer/producer/admin, e.g. security.protocol=SASL_SSL "
                         "(also EOSINK_KAFKA_SECURITY_PROTOCOL, EOSINK_KAFKA_SASL_USERNAME, EOSINK_KAFKA_SSL_CA_LOCATION, ...); "
                         "a value may be ${env:VAR} or ${file:/path:key}: sasl.password=${file:/run/secrets/kafka:password}")
+    setting(w, "--audit-interval", kind=typed.COUNT, env="EOSINK_AUDIT_INTERVAL", default="0", metavar="SECONDS",
+            help="the leader audits what was decided since its last round, every this many seconds (0 = off)")
+    setting(w, "--audit-max-records", kind=typed.COUNT, env="EOSINK_AUDIT_MAX_RECORDS", default="100000",
+            help="most records one continuous-audit round checks per connector (the rest waits for the next round)")
     setting(w, "--log-level", kind=typed.LOG_LEVEL, env="EOSINK_LOG_LEVEL", default="INFO", help="log level")
     w.set_defaults(func=cmd_worker)
 

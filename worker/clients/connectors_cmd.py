@@ -7,6 +7,8 @@
     eosink connectors restart NAME [--include-tasks] [--only-failed]
     eosink connectors offsets NAME [--set TOPIC:PARTITION=OFFSET ...] [--reset]
     eosink connectors transactions NAME                 prepared / in-doubt transactions (the runbook's view)
+    eosink connectors audit NAME [--offsets TOPIC:P=FROM-TO ...] [--json]
+                                                        read every sink back against the outbox; exit 1 unless clean
 
 ``--url`` (``EOSINK_URL``, default http://127.0.0.1:8083); credentials from ``EOSINK_REST_BASIC_AUTH``
 (USER:PASSWORD) or ``EOSINK_REST_TOKEN``, the same variables the worker reads, or from a file
@@ -92,6 +94,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--set", action="append", default=[], metavar="TOPIC:PARTITION=OFFSET",
                    type=lambda v: typed.read(OFFSET_SPEC, v, "--set"))
     p.add_argument("--reset", action="store_true")
+    p = a.add_parser("audit", help="read each sink back and check it against the outbox (exit 1 unless clean)")
+    p.add_argument("name")
+    p.add_argument("--offsets", nargs="+", action="extend", default=[], metavar="TOPIC:P=FROM-TO",
+                   help="audit these ranges only (TO exclusive); default: every partition, earliest to next_offset")
+    p.add_argument("--json", action="store_true")
     p = a.add_parser("plugins", help="connector classes; --docs prints every configuration key as Markdown")
     p.add_argument("--docs", action="store_true")
     p.add_argument("--write-docs", metavar="DIR", help="rewrite the generated configuration pages under DIR (docs)")
@@ -184,6 +191,8 @@ def _rest(args: argparse.Namespace, client: Any) -> int:
         print(f"restart requested for connector {args.name}" + (f": tasks {restarting}" if status == 202 else ""))
     elif action == "offsets":
         _offsets(args, client)
+    elif action == "audit":
+        return _audit(args, client)
     elif action == "transactions":
         body = client.connector(args.name, "transactions", "GET")[1]
         for t in body["transactions"]:
@@ -210,6 +219,20 @@ def _offsets(args: argparse.Namespace, client: Any) -> int:
     for o in client.connector(args.name, "offsets", "GET")[1]["offsets"]:
         print(f"{o['partition']['kafka_topic']}\t{o['partition']['kafka_partition']}\t{o['offset']['kafka_offset']}")
     return 0
+
+
+def _audit(args: argparse.Namespace, client: Any) -> int:
+    """Exit 0 only when the report is clean; the report names the culprits either way."""
+    from eosink.worker.audit.render import lines
+    from eosink.worker.audit.run import parse_range
+
+    asked = [parse_range(r) for r in args.offsets]
+    body = {"offsets": [{"kafka_topic": a.tp.topic, "kafka_partition": a.tp.partition, "from": a.first, "to": a.end}
+                        for a in asked]} if asked else None
+    client.timeout = max(client.timeout, 3600.0)  # a large connector's audit reads every sink whole
+    report = client.request("POST", f"/connectors/{quote(args.name, safe='')}/audit", body)[1]
+    print(json.dumps(report, indent=2) if args.json else "\n".join(lines(report)))
+    return 0 if report["ok"] else 1
 
 
 def _render(status: dict[str, Any]) -> list[str]:

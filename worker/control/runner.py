@@ -62,6 +62,10 @@ class WorkerOptions:
     zookeeper_ca_file: str | None = None
     #: Take over a cluster tree left open by a run without credentials instead of refusing to start.
     zookeeper_lock_open_tree: bool = False
+    #: Continuous audit (:mod:`eosink.worker.audit.continuous`), run by the leader: seconds between
+    #: rounds (0 = off) and the most records one round checks per connector.
+    audit_interval_s: float = 0.0
+    audit_max_records: int = 100_000
 
     def __post_init__(self) -> None:
         if not self.worker_id:
@@ -157,6 +161,11 @@ class Worker:
         self.registered = True
         log.info("worker_started", worker=self.options.worker_id, cluster=self.options.cluster, rest_url=self.rest_url)
         store = ConnectorStore(self.session)
+        auditor = None
+        if self.options.audit_interval_s > 0:
+            from eosink.worker.audit.continuous import ContinuousAudit
+
+            auditor = ContinuousAudit(self, self.options.audit_interval_s, self.options.audit_max_records).start()
         try:
             while not stop.is_set():
                 self._wake.clear()  # before reconciling: an event during it triggers another round
@@ -172,6 +181,8 @@ class Worker:
                         break
         finally:
             self.registered = False
+            if auditor is not None:
+                auditor.stop()
             for name in list(self.running):
                 self._stop(name)  # finishes the cycle in flight, releases partitions at once
             if self.rest is not None:

@@ -102,6 +102,17 @@ SCHEMAS: dict[str, Any] = {
             "txn": {"type": "string"}, "state": {"type": "string", "enum": ["DECIDED", "FENCED", "PREPARED", "IN_DOUBT"]},
             "partitions": {"type": "array", "items": {"type": "string"}}, "sinks": {"type": "array", "items": {"type": "string"}},
             "reason": {"type": "string"}, "reported_by": {"type": "string"}}}}}},
+    "AuditRange": {"type": "object", "required": ["kafka_topic", "kafka_partition", "from", "to"], "properties": {
+        "kafka_topic": {"type": "string", "minLength": 1, "maxLength": 249},
+        "kafka_partition": {"type": "integer", "minimum": 0, "maximum": 2147483647},
+        "from": {"type": "integer", "minimum": 0}, "to": {"type": "integer", "minimum": 0}}},
+    "AuditReport": {"type": "object", "required": ["connector", "ok", "sinks"], "properties": {
+        "connector": {"type": "string"}, "ok": {"type": "boolean"}, "notes": {"type": "array", "items": {"type": "string"}},
+        "source": {"type": "object"}, "seconds": {"type": "number"},
+        "sinks": {"type": "array", "items": {"type": "object", "required": ["sink", "audited"], "properties": {
+            "sink": {"type": "string"}, "audited": {"type": "boolean"}, "clean": {"type": ["boolean", "null"]},
+            "limit": {"type": ["string", "null"]}, "error": {"type": ["string", "null"]}, "totals": {"type": "object"},
+            "partitions": {"type": "array", "items": {"type": "object"}}}}}}},
     "LoggerLevel": {"type": "object", "required": ["level", "last_modified"], "properties": {
         "level": {"type": "string"}, "last_modified": {"type": ["integer", "null"]}}},
     "Probe": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}, "message": {"type": "string"}}},
@@ -121,6 +132,18 @@ def _nullable_types(schema: Any) -> Any:
     if isinstance(schema, list):
         return [_nullable_types(v) for v in schema]
     return schema
+
+
+def _audit_op() -> dict[str, Any]:
+    """The audit's body is optional (no body: every partition up to the decision log's next_offset)."""
+    op = _op("read every sink back and check it against the outbox: missing, duplicated, foreign, in flight", {
+        "200": _json(_ref("AuditReport"), "the report; ok is false when a due record is missing, duplicated, "
+                     "superseded, or a foreign record is present"),
+        "400": _error("a malformed range or configuration"), "503": _error("Kafka or a sink could not be read"),
+        **_NOT_FOUND}, params=[_NAME],
+        body={"type": "object", "properties": {"offsets": {"type": "array", "items": _ref("AuditRange")}}})
+    op["requestBody"]["required"] = False
+    return op
 
 
 def document() -> dict[str, Any]:
@@ -199,6 +222,7 @@ def document() -> dict[str, Any]:
         },
         "/connectors/{name}/transactions": {"get": _op("prepared transactions and what recovery will do with them", {
             "200": _json(_ref("Transactions"), "transactions"), **_NOT_FOUND}, params=[_NAME])},
+        "/connectors/{name}/audit": {"post": _audit_op()},
         "/connector-plugins": {"get": _op("installed connector classes", {
             "200": _json({"type": "array", "items": _ref("PluginInfo")}, "plugins")}, tag="plugins")},
         "/connector-plugins/{plugin}/config": {"get": _op("declared configuration of a plugin", {

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from eosink.worker.control.rest import admin_loggers, connect4
+from eosink.worker.control.rest import admin_loggers, audit, connect4
 from eosink.worker.control.rest.api import ConnectApi
 from eosink.worker.control.rest.messages import Request, Response
 
@@ -44,6 +44,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("PATCH", "/connectors/{name}/offsets", ConnectApi.patch_offsets),
     ("DELETE", "/connectors/{name}/offsets", ConnectApi.delete_offsets),
     ("GET", "/connectors/{name}/transactions", ConnectApi.transactions),
+    ("POST", "/connectors/{name}/audit", audit.audit),
     ("GET", "/connector-plugins", ConnectApi.list_plugins),
     ("GET", "/connector-plugins/{plugin}/config", ConnectApi.plugin_config),
     ("PUT", "/connector-plugins/{plugin}/config/validate", ConnectApi.validate),
