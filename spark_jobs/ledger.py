@@ -190,12 +190,13 @@ class LedgerReader:
         finally:
             consumer.unassign()
 
-    def scan(self, start: int, timeout_s: float) -> tuple[dict[str, list[tuple[int, bytes]]], int]:
-        """Step 1: every record (committed or not) in ``[start, end)`` by key, and ``end``."""
+    def scan(self, start: int, timeout_s: float, prefix: str = "") -> tuple[dict[str, list[tuple[int, bytes]]], int]:
+        """Step 1: every record (committed or not) in ``[start, end)`` by key, and ``end``; only keys
+        that start with ``prefix`` are kept (one job's, say, so a long ledger is read but not held)."""
         end = self.end_offset(timeout_s)
         found: dict[str, list[tuple[int, bytes]]] = {}
         for offset, key, value in self._read(self._uncommitted, start, end, timeout_s, "read_uncommitted"):
-            if key is not None and value is not None:
+            if key is not None and value is not None and key.startswith(prefix):
                 found.setdefault(key, []).append((offset, value))
         return found, max(start, end)
 

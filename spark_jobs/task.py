@@ -30,6 +30,7 @@ deterministic (Spark's own retry contract). The exactly-once guarantee above doe
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -43,12 +44,13 @@ from eosink.spark_jobs import native as native_produce
 from eosink.spark_jobs.errors import (
     COMPONENT,
     AuthorizationError,
+    PartitioningChangedError,
     PublishError,
     TaskTooLongError,
     TransactionFencedError,
 )
 from eosink.spark_jobs.ledger import LedgerEntry, entry_value, lookup_committed
-from eosink.spark_jobs.naming import ledger_key, record_id_prefix, transactional_id
+from eosink.spark_jobs.naming import ledger_key, record_id_prefix, stream_transactional_id, transactional_id
 from eosink.spark_jobs.outbox import CompiledOutbox
 from eosink.spark_jobs.produce import ProduceLoops, plain_outbox
 from eosink.spark_jobs.txn_errors import classify
@@ -63,6 +65,8 @@ PUBLISHED = "published"  # this attempt committed the partition
 COMMITTED_BY_EARLIER_ATTEMPT = "committed_by_earlier_attempt"  # same call, an earlier attempt committed
 SKIPPED = "skipped"  # an earlier call with the same run id committed it
 NEW_IN_THIS_CALL = (PUBLISHED, COMMITTED_BY_EARLIER_ATTEMPT)
+EMPTY = "empty"  # a micro-batch partition without rows: nothing to publish, no transaction (TaskSpec.skip_empty)
+
 
 @dataclass(frozen=True)
 class TaskSpec:
@@ -86,6 +90,16 @@ class TaskSpec:
     call_id: str = ""  # one per publish_outbox call: tells "an earlier attempt of this call" apart
     #: The C produce loop where it applies (the driver's EOSINK_PUBLISHER_NATIVE=0 turns it off).
     native_produce: bool = True
+    #: Streaming: one transactional.id per (job, partition) for every micro-batch, not one per run
+    #: (:func:`eosink.spark_jobs.naming.stream_transactional_id`).
+    stream_ids: bool = False
+    #: Streaming: a partition without rows opens no producer and writes no ledger entry.
+    skip_empty: bool = False
+    #: Fields added to the partition's ledger entry (a micro-batch's query id and batch id).
+    entry_extra: dict[str, Any] = field(default_factory=dict)
+    #: A partition index at or above this is refused before anything is written: the run was partly
+    #: published with this many partitions (:class:`~eosink.spark_jobs.errors.PartitioningChangedError`).
+    partition_limit: int | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -124,7 +138,8 @@ class PartitionPublisher(ProduceLoops):
         self.spec = spec
         self.partition = partition
         self.attempt = attempt
-        self.tid = transactional_id(spec.job, spec.run_id, partition)
+        self.tid = (stream_transactional_id(spec.job, partition) if spec.stream_ids
+                    else transactional_id(spec.job, spec.run_id, partition))
         self._prefix = record_id_prefix(spec.job, spec.run_id, partition)
         self._run = spec.run_id.encode()
         self._producer: Producer | None = None
@@ -176,6 +191,9 @@ class PartitionPublisher(ProduceLoops):
         """Fence earlier attempts, then check the ledger. Returns the committed entry if the
         partition is already published (then nothing must be written), else ``None``."""
         spec = self.spec
+        if spec.partition_limit is not None and self.partition >= spec.partition_limit:
+            advice = PartitioningChangedError.STREAM_ADVICE if spec.stream_ids else PartitioningChangedError.BATCH_ADVICE
+            raise PartitioningChangedError(spec.job, spec.run_id, spec.partition_limit, self.partition + 1, advice)
         if self.partition in spec.known_published:
             # The driver saw it committed; committed is forever, no need to touch the coordinator.
             return LedgerEntry(spec.job, spec.run_id, self.partition, -1)
@@ -269,6 +287,7 @@ class PartitionPublisher(ProduceLoops):
                     transactional_id=self.tid,
                     call_id=spec.call_id,
                     published_at_ms=int(time.time() * 1000),
+                    **spec.entry_extra,
                 ),
                 ledger_key(spec.job, spec.run_id, self.partition),
                 partition=0,
@@ -341,6 +360,12 @@ class PartitionPublisher(ProduceLoops):
                 except KafkaException:
                     pass  # the task's outcome is decided; a teardown error changes nothing in Kafka
 
+    def empty(self) -> PartitionResult:
+        """No rows: nothing written, not even a ledger entry (a replay of an empty partition has nothing to repeat)."""
+        self._clean = True
+        return PartitionResult(self.partition, self.attempt, EMPTY, 0, {}, time.monotonic() - self._started_at, self.tid,
+                               dict(self.steps))
+
     def skipped(self, entry: LedgerEntry) -> PartitionResult:
         """Nothing written; ``records``/``topics`` are what the committed attempt published
         (``-1`` when the driver already knew, it has the numbers)."""
@@ -361,12 +386,19 @@ class PartitionPublisher(ProduceLoops):
 def publish_partition(spec: TaskSpec, partition: int, attempt: int, batches: Iterator[pa.RecordBatch]) -> PartitionResult:
     """One Spark task: open (fence + ledger check), write every batch, commit."""
     pub = PartitionPublisher(spec, partition, attempt)
+    rows = iter(batches)
     try:
+        if spec.skip_empty:
+            waited = time.monotonic()
+            head = next((b for b in rows if b.num_rows), None)
+            pub._took("input", waited)
+            if head is None:
+                return pub.empty()
+            rows = itertools.chain([head], rows)
         done = pub.open()
         if done is not None:
             return pub.skipped(done)
         first = True
-        rows = iter(batches)
         while True:
             waited = time.monotonic()
             batch = next(rows, None)
@@ -380,5 +412,3 @@ def publish_partition(spec: TaskSpec, partition: int, attempt: int, batches: Ite
         return pub.commit()
     finally:
         pub.close()
-
-

@@ -1,0 +1,223 @@
+"""The ``eosink`` format: ``df.write.format("eosink")`` and ``df.writeStream.format("eosink")``.
+
+Spark's Python Data Source API (PySpark 4.1): the writer's ``write`` runs in every task on Arrow
+batches (the publisher's C loop takes them as they are), ``commit``/``abort`` on the driver. Both
+writers publish exactly as :func:`~eosink.spark_jobs.publisher.publish_outbox` does, one Kafka
+transaction per partition with its ledger entry (:func:`~eosink.spark_jobs.task.publish_partition`);
+the options are in :mod:`eosink.spark_jobs.sink_options`. ``register(spark)`` makes the format
+known to a session (``build_session`` does it).
+
+Where the driver work happens, and why it differs from ``publish_outbox``:
+
+* A batch write: Spark builds the writer once, on the driver, before any task, and ships that very
+  object to the tasks and back to ``commit``. The writer does ``publish_outbox``'s checks and ledger
+  read when it is built; ``commit`` writes the run marker.
+* A streaming write: Spark builds a writer per micro-batch twice on the driver, once to ship to the
+  tasks and once to call ``commit``/``abort`` with the batch id, and never tells the first one the
+  batch id or the query id (only the tasks learn them, from the local properties Spark gives a
+  micro-batch's jobs). So the shipped writer does the broker checks and reads the job's ledger
+  incrementally when it is pickled, for every run the job's ledger keeps
+  (:mod:`eosink.spark_jobs.ledger_index`); each task picks its own run (``{query id}.{batch id}``)
+  from that. ``commit`` checks that the ledger holds no partition the batch no longer has and writes
+  the batch's run marker; ``abort`` ends the transactions of the partitions that failed.
+
+Spark 4.1 accepts only append mode from a Python data source in a stream (it refuses update mode
+itself); complete mode is refused here (an outbox would deliver the whole result every batch). For
+update mode, or for the replay check before any task publishes, use ``publish_outbox_stream``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from eosink.connectors.api.errors import ConfigError
+from eosink.spark_jobs.errors import PartitioningChangedError
+from eosink.spark_jobs.faults import for_batch
+from eosink.spark_jobs.fencing import fence
+from eosink.spark_jobs.ledger import RunState, read_run
+from eosink.spark_jobs.ledger_index import run_states
+from eosink.spark_jobs.naming import stream_run_id, stream_transactional_id, transactional_id
+from eosink.spark_jobs.publisher import native_enabled, preflight
+from eosink.spark_jobs.runs import finish_run
+from eosink.spark_jobs.sink_options import SOURCE, SinkSettings, adapt, parse
+from eosink.spark_jobs.task import PartitionResult, TaskSpec, publish_partition
+
+log = logging.getLogger("eosink.spark")
+
+NAME = "eosink"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``format("eosink")`` known to ``spark`` (idempotent)."""
+    spark.dataSource.register(EosinkDataSource)
+
+
+class EosinkDataSource(DataSource):
+    """``format("eosink")``: a batch or streaming writer into outbox topics, exactly once per row."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
+        if overwrite:
+            raise ConfigError("an outbox is append-only: write with mode('append'), not mode('overwrite')", key="mode",
+                              source=SOURCE)
+        return BatchWriter(parse(self.options, schema, streaming=False))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> StreamWriter:
+        if overwrite:
+            raise ConfigError("outputMode('complete') would publish the whole result table again every micro-batch; "
+                              "use outputMode('append') (or publish_outbox_stream(output_mode='update'))",
+                              key="outputMode", source=SOURCE)
+        return StreamWriter(parse(self.options, schema, streaming=True))
+
+
+@dataclass
+class PartitionMessage(WriterCommitMessage):
+    """What a task tells the driver's ``commit``: its result, and the query id of a micro-batch."""
+
+    result: PartitionResult
+    query_id: str | None = None
+
+
+def _template(settings: SinkSettings, **fields: Any) -> TaskSpec:
+    base: dict[str, Any] = dict(
+        job=settings.job, run_id=settings.run_id or "", producer_config=settings.producer_config,
+        outboxes=settings.outboxes, ledger_topic=settings.ledger_topic, ledger_since=0, known_published=frozenset(),
+        transaction_timeout_ms=settings.transaction_timeout_ms, ledger_timeout_s=settings.ledger_timeout_s,
+        native_produce=native_enabled(), extra_headers=settings.headers,
+    )
+    return TaskSpec(**{**base, **fields})
+
+
+def _task() -> tuple[Any, int, int]:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    assert ctx is not None, "write() runs in a Spark task"
+    return ctx, ctx.partitionId(), ctx.attemptNumber()
+
+
+def _known(state: RunState) -> tuple[frozenset[int], int | None]:
+    """Partitions known committed, and the partition count a complete run (with a marker) had."""
+    if state.marker is not None and state.marker.num_partitions is not None:
+        n = state.marker.num_partitions
+        return frozenset(range(n)), n
+    return frozenset(state.entries), None
+
+
+class BatchWriter(DataSourceArrowWriter):
+    """``df.write.format("eosink")``: ``publish_outbox``'s run, checks and ledger read done when built."""
+
+    def __init__(self, settings: SinkSettings) -> None:
+        self.settings = settings
+        self.started = time.monotonic()
+        preflight(settings.producer_config, settings.topics, settings.ledger_topic, settings.transaction_timeout_ms,
+                  settings.connect_timeout_s)
+        assert settings.run_id is not None
+        self.state = read_run(settings.producer_config, settings.ledger_topic, settings.job, settings.run_id,
+                              settings.ledger_timeout_s)
+        known, limit = _known(self.state)
+        self.spec = _template(settings, ledger_since=self.state.end_offset, known_published=known,
+                              pending=self.state.pending, partition_limit=limit, fault_hook=settings.fault_hook)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> PartitionMessage:
+        _, partition, attempt = _task()
+        return PartitionMessage(publish_partition(self.spec, partition, attempt, adapt(iterator, self.settings.cast_to_string)))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.state.marker is not None:
+            log.info("run %s/%s was already complete; nothing published", self.spec.job, self.spec.run_id)
+            return
+        results = [m.result for m in messages if isinstance(m, PartitionMessage)]
+        result = finish_run(self.spec, self.state, results, self.started, self.started)
+        log.info("run %s/%s: %s records published", self.spec.job, self.spec.run_id, result.records)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        failed = [transactional_id(self.spec.job, self.spec.run_id, p) for p, m in enumerate(messages) if m is None]
+        fence(self.spec.producer_config, failed, self.spec.transaction_timeout_ms)
+
+
+_CHECKED: set[Any] = set()
+_CHECKED_LOCK = threading.Lock()
+
+
+class StreamWriter(DataSourceStreamArrowWriter):
+    """``df.writeStream.format("eosink")``: one run per micro-batch (see the module doc for who does what)."""
+
+    def __init__(self, settings: SinkSettings) -> None:
+        self.settings = settings
+        #: Filled when the writer is pickled for the tasks: every kept run's state, and where their ledger reads begin.
+        self.runs: dict[str, RunState] | None = None
+        self.since = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self.runs is None:
+            self._prepare()
+        return self.__dict__
+
+    def _prepare(self) -> None:
+        """On the driver, once per micro-batch: the broker checks (once per process) and the job's ledger."""
+        s = self.settings
+        ident = (tuple(sorted((k, str(v)) for k, v in s.producer_config.items())), tuple(s.topics), s.ledger_topic,
+                 s.transaction_timeout_ms)
+        with _CHECKED_LOCK:
+            if ident not in _CHECKED:
+                preflight(s.producer_config, s.topics, s.ledger_topic, s.transaction_timeout_ms, s.connect_timeout_s)
+                _CHECKED.add(ident)
+        self.runs, self.since = run_states(s.producer_config, s.ledger_topic, s.job, None, s.ledger_timeout_s)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> PartitionMessage:
+        ctx, partition, attempt = _task()
+        query_id, batch_id = ctx.getLocalProperty(QUERY_ID_PROPERTY), ctx.getLocalProperty(BATCH_ID_PROPERTY)
+        assert query_id and batch_id is not None and self.runs is not None, "a micro-batch task of a shipped writer"
+        run_id = stream_run_id(query_id, int(batch_id))
+        state = self.runs.get(run_id) or RunState({}, {}, None, self.since)
+        known, limit = _known(state)
+        spec = _template(
+            self.settings, run_id=run_id, ledger_since=self.since, known_published=known, pending=state.pending,
+            partition_limit=limit, stream_ids=True, skip_empty=True,
+            entry_extra={"query_id": query_id, "batch_id": int(batch_id)},
+            fault_hook=for_batch(self.settings.fault_hook, int(batch_id)),
+        )
+        result = publish_partition(spec, partition, attempt, adapt(iterator, self.settings.cast_to_string))
+        return PartitionMessage(result, query_id)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        parts = [m for m in messages if isinstance(m, PartitionMessage)]
+        query_id = next((m.query_id for m in parts if m.query_id), None)
+        if query_id is None:
+            return  # a batch without partitions
+        s = self.settings
+        run_id = stream_run_id(query_id, batchId)
+        states, _ = run_states(s.producer_config, s.ledger_topic, s.job, [run_id], s.ledger_timeout_s)
+        state = states[run_id]
+        if state.marker is not None:
+            return  # a replay of a batch that had completed: its tasks published nothing
+        # The tasks could not know the batch's partition count: finish_run refuses a ledger entry beyond it
+        # (a replay with fewer partitions than the attempt it repeats) before Spark records the batch.
+        spec = _template(s, run_id=run_id, stream_ids=True, entry_extra={"query_id": query_id, "batch_id": batchId})
+        now = time.monotonic()
+        finish_run(spec, state, [m.result for m in parts], now, now, PartitioningChangedError.STREAM_ADVICE)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        failed = [stream_transactional_id(self.settings.job, p) for p, m in enumerate(messages) if m is None]
+        fence(self.settings.producer_config, failed, self.settings.transaction_timeout_ms)
