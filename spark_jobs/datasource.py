@@ -46,11 +46,11 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from eosink.connectors.api.errors import ConfigError
-from eosink.spark_jobs.errors import PartitioningChangedError
+from eosink.spark_jobs.errors import PublishError
 from eosink.spark_jobs.faults import for_batch
 from eosink.spark_jobs.fencing import fence
 from eosink.spark_jobs.ledger import RunState, read_run
-from eosink.spark_jobs.ledger_index import run_states
+from eosink.spark_jobs.ledger_index import StreamRun, run_states
 from eosink.spark_jobs.naming import stream_run_id, stream_transactional_id, transactional_id
 from eosink.spark_jobs.publisher import native_enabled, preflight
 from eosink.spark_jobs.runs import finish_run
@@ -116,14 +116,6 @@ def _task() -> tuple[Any, int, int]:
     return ctx, ctx.partitionId(), ctx.attemptNumber()
 
 
-def _known(state: RunState) -> tuple[frozenset[int], int | None]:
-    """Partitions known committed, and the partition count a complete run (with a marker) had."""
-    if state.marker is not None and state.marker.num_partitions is not None:
-        n = state.marker.num_partitions
-        return frozenset(range(n)), n
-    return frozenset(state.entries), None
-
-
 class BatchWriter(DataSourceArrowWriter):
     """``df.write.format("eosink")``: ``publish_outbox``'s run, checks and ledger read done when built."""
 
@@ -135,9 +127,9 @@ class BatchWriter(DataSourceArrowWriter):
         assert settings.run_id is not None
         self.state = read_run(settings.producer_config, settings.ledger_topic, settings.job, settings.run_id,
                               settings.ledger_timeout_s)
-        known, limit = _known(self.state)
-        self.spec = _template(settings, ledger_since=self.state.end_offset, known_published=known,
-                              pending=self.state.pending, partition_limit=limit, fault_hook=settings.fault_hook)
+        self.spec = _template(settings, ledger_since=self.state.end_offset, known_published=frozenset(self.state.entries),
+                              pending=self.state.pending, complete=self.state.marker is not None,
+                              fault_hook=settings.fault_hook)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PartitionMessage:
         _, partition, attempt = _task()
@@ -157,7 +149,8 @@ class BatchWriter(DataSourceArrowWriter):
 
 
 _CHECKED: set[Any] = set()
-_CHECKED_LOCK = threading.Lock()
+_FENCED: set[Any] = set()
+_LOCK = threading.Lock()
 
 
 class StreamWriter(DataSourceStreamArrowWriter):
@@ -166,7 +159,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, settings: SinkSettings) -> None:
         self.settings = settings
         #: Filled when the writer is pickled for the tasks: every kept run's state, and where their ledger reads begin.
-        self.runs: dict[str, RunState] | None = None
+        self.runs: dict[str, StreamRun] | None = None
         self.since = 0
 
     def __getstate__(self) -> dict[str, Any]:
@@ -175,26 +168,47 @@ class StreamWriter(DataSourceStreamArrowWriter):
         return self.__dict__
 
     def _prepare(self) -> None:
-        """On the driver, once per micro-batch: the broker checks (once per process) and the job's ledger."""
+        """On the driver, once per micro-batch: the broker checks (once per process) and the job's ledger.
+
+        The writer does not know which run its tasks will have, so before the first batch this process plans
+        for the job, and whenever a run of the job was started and not completed (a replay is coming), it ends
+        every transaction of the job's transactional.ids up to the highest partition index the ledger shows
+        (:mod:`eosink.spark_jobs.stream_task` says why a replay needs that)."""
         s = self.settings
         ident = (tuple(sorted((k, str(v)) for k, v in s.producer_config.items())), tuple(s.topics), s.ledger_topic,
                  s.transaction_timeout_ms)
-        with _CHECKED_LOCK:
+        with _LOCK:
             if ident not in _CHECKED:
                 preflight(s.producer_config, s.topics, s.ledger_topic, s.transaction_timeout_ms, s.connect_timeout_s)
                 _CHECKED.add(ident)
-        self.runs, self.since = run_states(s.producer_config, s.ledger_topic, s.job, None, s.ledger_timeout_s)
+        runs, since = run_states(s.producer_config, s.ledger_topic, s.job, None, s.ledger_timeout_s)
+        started = sorted(r for r, run in runs.items() if run.marker is None and run.started)
+        fencing = (ident, s.job, tuple(started))
+        with _LOCK:
+            fresh = fencing not in _FENCED
+        if fresh:
+            upper = max([1, *(p + 1 for run in runs.values() for p in run.indices),
+                         *(run.marker.num_partitions or 0 for run in runs.values() if run.marker is not None)])
+            refused = fence(s.producer_config, [stream_transactional_id(s.job, p) for p in range(upper)],
+                            s.transaction_timeout_ms)
+            if refused:
+                raise PublishError(f"could not end the open transactions of {', '.join(refused)} of job '{s.job}'; "
+                                   "publishing now could duplicate rows an earlier attempt still commits")
+            with _LOCK:
+                _FENCED.add(fencing)
+            if started:
+                runs, since = run_states(s.producer_config, s.ledger_topic, s.job, None, s.ledger_timeout_s)
+        self.runs, self.since = runs, since
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PartitionMessage:
         ctx, partition, attempt = _task()
         query_id, batch_id = ctx.getLocalProperty(QUERY_ID_PROPERTY), ctx.getLocalProperty(BATCH_ID_PROPERTY)
         assert query_id and batch_id is not None and self.runs is not None, "a micro-batch task of a shipped writer"
         run_id = stream_run_id(query_id, int(batch_id))
-        state = self.runs.get(run_id) or RunState({}, {}, None, self.since)
-        known, limit = _known(state)
+        run = self.runs.get(run_id) or StreamRun(end_offset=self.since)
         spec = _template(
-            self.settings, run_id=run_id, ledger_since=self.since, known_published=known, pending=state.pending,
-            partition_limit=limit, stream_ids=True, skip_empty=True,
+            self.settings, run_id=run_id, ledger_since=self.since, published_content=run.contents,
+            pending={-1: run.pending}, complete=run.marker is not None, stream=True,
             entry_extra={"query_id": query_id, "batch_id": int(batch_id)},
             fault_hook=for_batch(self.settings.fault_hook, int(batch_id)),
         )
@@ -204,19 +218,14 @@ class StreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         parts = [m for m in messages if isinstance(m, PartitionMessage)]
         query_id = next((m.query_id for m in parts if m.query_id), None)
-        if query_id is None:
-            return  # a batch without partitions
+        if query_id is None or all(m.result.records < 0 for m in parts):
+            return  # a batch without partitions, or the replay of one whose run marker is in the ledger
         s = self.settings
         run_id = stream_run_id(query_id, batchId)
-        states, _ = run_states(s.producer_config, s.ledger_topic, s.job, [run_id], s.ledger_timeout_s)
-        state = states[run_id]
-        if state.marker is not None:
-            return  # a replay of a batch that had completed: its tasks published nothing
-        # The tasks could not know the batch's partition count: finish_run refuses a ledger entry beyond it
-        # (a replay with fewer partitions than the attempt it repeats) before Spark records the batch.
-        spec = _template(s, run_id=run_id, stream_ids=True, entry_extra={"query_id": query_id, "batch_id": batchId})
+        spec = _template(s, run_id=run_id, stream=True, entry_extra={"query_id": query_id, "batch_id": batchId})
         now = time.monotonic()
-        finish_run(spec, state, [m.result for m in parts], now, now, PartitioningChangedError.STREAM_ADVICE)
+        result = finish_run(spec, RunState({}, {}, None, 0), [m.result for m in parts], now, now)
+        log.info("micro-batch %s of %s: %s records published", batchId, s.job, result.records)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         failed = [stream_transactional_id(self.settings.job, p) for p, m in enumerate(messages) if m is None]

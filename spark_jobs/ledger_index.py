@@ -4,9 +4,9 @@
 A streaming query plans a run per micro-batch, often one a second, so the same full read per batch
 would grow with the ledger for ever. :class:`JobLedger` keeps, per process, the offsets of one job's
 records read so far and reads only what was written since on the next batch; it answers the same
-question as ``read_run`` (a :class:`~eosink.spark_jobs.ledger.RunState`: committed partitions,
-undecided entries, the run marker, the end offset the tasks read on from) under the same rules
-(nothing below the last stable offset is waited for; see the ledger module).
+question as ``read_run`` (a :class:`StreamRun`: committed contents, undecided entries, the run
+marker, the end offset the tasks read on from) under the same rules (nothing below the last stable
+offset is waited for; see the ledger module).
 
 What it keeps is bounded: the records of the job only (other jobs' are read past), and for a
 streaming query only the micro-batches from its latest complete one on. Spark never replays a batch
@@ -19,15 +19,33 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from eosink.spark_jobs.kafka_checks import client_config
-from eosink.spark_jobs.ledger import LedgerEntry, LedgerReader, RunState
+from eosink.spark_jobs.ledger import LedgerEntry, LedgerReader
 from eosink.spark_jobs.naming import RUN_MARKER, parse_stream_run_id
 
 
+@dataclass
+class StreamRun:
+    """What the ledger holds of one micro-batch (see :mod:`eosink.spark_jobs.stream_task` for identities)."""
+
+    contents: dict[str, LedgerEntry] = field(default_factory=dict)  # committed entries by content identity
+    indices: set[int] = field(default_factory=set)  # partition indices with an entry, committed or not
+    num_partitions: set[int] = field(default_factory=set)  # the partition counts the entries recorded
+    pending: tuple[int, ...] = ()  # offsets of entries not decided yet (above the last stable offset)
+    marker: LedgerEntry | None = None
+    end_offset: int = 0
+
+    @property
+    def started(self) -> bool:
+        """An earlier attempt of the batch wrote something (its replay must fence before it checks)."""
+        return bool(self.indices or self.pending)
+
+
 class JobLedger:
-    """The ledger records of ``job`` (one topic, one cluster), refreshed from where the last read stopped."""
+    """The micro-batch records of ``job`` (one topic, one cluster), refreshed from where the last read stopped."""
 
     def __init__(self, kafka: Mapping[str, Any], topic: str, job: str) -> None:
         self.reader = LedgerReader(kafka, topic)
@@ -35,12 +53,12 @@ class JobLedger:
         self.job = job
         self.pos = 0
         self.lock = threading.Lock()
-        #: run id -> partition -> offsets of its entries (committed or not)
-        self.entries: dict[str, dict[int, list[int]]] = {}
+        #: run id -> key suffix ``{partition}.{identity}`` -> offsets of its entries (committed or not)
+        self.entries: dict[str, dict[str, list[int]]] = {}
         #: run id -> the run marker's value (written outside transactions: never aborted)
         self.markers: dict[str, bytes] = {}
-        #: (run id, partition) -> the committed entry's value; offsets found not committed
-        self.committed: dict[tuple[str, int], bytes] = {}
+        #: (run id, key suffix) -> the committed entry's value; offsets found not committed
+        self.committed: dict[tuple[str, str], bytes] = {}
         self.decided: set[int] = set()
 
     def refresh(self, timeout_s: float) -> int:
@@ -50,8 +68,8 @@ class JobLedger:
             run_id, _, suffix = key[len(self.prefix):].rpartition("/")
             if suffix == RUN_MARKER:
                 self.markers[run_id] = records[-1][1]
-            elif suffix.isdigit():
-                self.entries.setdefault(run_id, {}).setdefault(int(suffix), []).extend(o for o, _ in records)
+            elif suffix.partition(".")[0].isdigit():
+                self.entries.setdefault(run_id, {}).setdefault(suffix, []).extend(o for o, _ in records)
         self.pos = end
         self._forget_completed_batches()
         return end
@@ -71,22 +89,23 @@ class JobLedger:
                 self.decided.difference_update(offsets)
             self.markers.pop(run_id, None)
 
-    def state(self, run_id: str, end: int, timeout_s: float) -> RunState:
-        """``run_id``'s committed partitions, undecided entries (above the LSO) and marker, as of ``end``."""
+    def state(self, run_id: str, end: int, timeout_s: float) -> StreamRun:
+        """``run_id``'s committed contents, undecided entries and marker, as of ``end``."""
         marker = self.markers.get(run_id)
         offsets = self.entries.get(run_id, {})
-        undecided = {p: [o for o in offs if o not in self.decided] for p, offs in offsets.items()}
+        undecided = {s: [o for o in offs if o not in self.decided] for s, offs in offsets.items()}
         if any(undecided.values()):
             lso = self.reader.stable_offset(timeout_s)
-            below = {f"{self.prefix}{run_id}/{p}": [o for o in offs if o < lso] for p, offs in undecided.items()}
+            below = {f"{self.prefix}{run_id}/{s}": [o for o in offs if o < lso] for s, offs in undecided.items()}
             for key, value in self.reader.committed(below, timeout_s).items():  # all below the LSO: never waits
-                self.committed[(run_id, int(key.rpartition("/")[2]))] = value
+                self.committed[(run_id, key.rpartition("/")[2])] = value
             self.decided.update(o for offs in below.values() for o in offs)
-        entries = {p: LedgerEntry.from_bytes(v) for (r, p), v in self.committed.items() if r == run_id}
-        pending = {p: tuple(o for o in offs if o not in self.decided) for p, offs in offsets.items() if p not in entries}
-        return RunState(
-            entries=entries,
-            pending={p: offs for p, offs in pending.items() if offs},
+        entries = {s: LedgerEntry.from_bytes(v) for (r, s), v in self.committed.items() if r == run_id}
+        return StreamRun(
+            contents={s.partition(".")[2]: e for s, e in entries.items()},
+            indices={int(s.partition(".")[0]) for s in offsets},
+            num_partitions={e.num_partitions for e in entries.values() if e.num_partitions is not None},
+            pending=tuple(o for s, offs in offsets.items() if s not in entries for o in offs if o not in self.decided),
             marker=LedgerEntry.from_bytes(marker) if marker is not None else None,
             end_offset=end,
         )
@@ -116,7 +135,7 @@ def job_ledger(kafka: Mapping[str, Any], topic: str, job: str) -> JobLedger:
 
 
 def run_states(kafka: Mapping[str, Any], topic: str, job: str, run_ids: list[str] | None, timeout_s: float,
-               ) -> tuple[dict[str, RunState], int]:
+               ) -> tuple[dict[str, StreamRun], int]:
     """The state of each of ``run_ids`` (``None``: every run the job's ledger keeps) and the end offset
     after a refresh: what the tasks of the next run read the ledger on from."""
     ledger = job_ledger(kafka, topic, job)

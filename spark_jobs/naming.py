@@ -4,7 +4,8 @@
   per attempt, so every attempt of a partition, retried, speculative or re-run, shares it and the
   newest one fences the others.
 * record headers (``ID_HEADER``/``RUN_HEADER`` of ``eosink.connectors.api.records``):
-  ``eosink.id`` = ``{job}/{run_id}/{partition}/{sequence}`` and ``eosink.run`` = run id.
+  ``eosink.id`` = ``{job}/{run_id}/{partition}/{sequence}`` and ``eosink.run`` = run id (a micro-batch's
+  partition is ``{index}-{fingerprint of its first rows}``, see ``stream_task``).
 * ledger key ``{job}/{run_id}/{partition}``; the run-complete marker uses ``{job}/{run_id}/run``.
 
 Job names and run ids are restricted to ``[A-Za-z0-9._-]``: they end up in transactional.ids, in
@@ -67,12 +68,12 @@ def parse_stream_run_id(run_id: str) -> tuple[str, int] | None:
     return (query, int(batch)) if query and batch.isdigit() else None
 
 
-def record_id_prefix(job: str, run_id: str, partition: int) -> str:
+def record_id_prefix(job: str, run_id: str, partition: int | str) -> str:
     """``eosink.id`` without the sequence; the task appends the sequence per record."""
     return f"{job}/{run_id}/{partition}/"
 
 
-def ledger_key(job: str, run_id: str, partition: int) -> str:
+def ledger_key(job: str, run_id: str, partition: int | str) -> str:
     return f"{job}/{run_id}/{partition}"
 
 

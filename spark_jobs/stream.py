@@ -37,10 +37,11 @@ from pyspark.sql import DataFrame
 from pyspark.sql.streaming import StreamingQuery
 
 from eosink.connectors.api.errors import ConfigError, EosinkError
-from eosink.spark_jobs.errors import PartitioningChangedError
+from eosink.spark_jobs.errors import PartitioningChangedError, PublishError
 from eosink.spark_jobs.faults import for_batch
 from eosink.spark_jobs.fencing import fence
-from eosink.spark_jobs.ledger_index import run_states
+from eosink.spark_jobs.ledger import RunState
+from eosink.spark_jobs.ledger_index import StreamRun, run_states
 from eosink.spark_jobs.naming import LEDGER_TOPIC, stream_run_id, stream_transactional_id, validate_name
 from eosink.spark_jobs.outbox import Outbox, normalize, project, repartition_by_key
 from eosink.spark_jobs.publisher import (
@@ -50,7 +51,7 @@ from eosink.spark_jobs.publisher import (
     preflight,
     producer_config,
 )
-from eosink.spark_jobs.runs import PublishResult, already_published, check_partitioning, finish_run, run_tasks
+from eosink.spark_jobs.runs import PublishResult, already_published, finish_run, run_tasks
 from eosink.spark_jobs.task import FaultHook, TaskSpec
 
 log = logging.getLogger("eosink.spark")
@@ -110,7 +111,7 @@ def publish_outbox_stream(
     template = TaskSpec(
         job=job, run_id="", producer_config=conf, outboxes=tuple(compiled), ledger_topic=ledger_topic, ledger_since=0,
         known_published=frozenset(), transaction_timeout_ms=transaction_timeout_ms, ledger_timeout_s=ledger_timeout_s,
-        native_produce=native_enabled(), extra_headers=encode_headers(headers), stream_ids=True, skip_empty=True,
+        native_produce=native_enabled(), extra_headers=encode_headers(headers), stream=True,
     )
     writer = (projected.writeStream.foreachBatch(MicroBatchPublisher(template, fault_hook))
               .outputMode(output_mode).option("checkpointLocation", checkpoint))
@@ -127,6 +128,7 @@ class MicroBatchPublisher:
     def __init__(self, template: TaskSpec, fault_hook: FaultHook | None = None) -> None:
         self.template = template
         self.fault_hook = fault_hook
+        self.fenced = False  # the first batch of this query start ends what a killed driver left open
         #: The last batch's result (for logs and tests; the outboxes and the ledger are the record).
         self.last: PublishResult | None = None
 
@@ -138,14 +140,14 @@ class MicroBatchPublisher:
             raise ConfigError("MicroBatchPublisher runs as a streaming query's foreachBatch function", key="foreachBatch")
         run_id = stream_run_id(query_id, batch_id)
         n = batch.rdd.getNumPartitions()
-        states, end = run_states(spec.producer_config, spec.ledger_topic, spec.job, [run_id], spec.ledger_timeout_s)
-        state = states[run_id]
-        if state.marker is not None:  # committed in full; Spark's commit log missed it (a driver died in between)
-            self.last = already_published(spec.job, run_id, state, started)
+        run, end = self._run(run_id, n)
+        if run.marker is not None:  # committed in full; Spark's commit log missed it (a driver died in between)
+            self.last = already_published(spec.job, run_id, RunState({}, {}, run.marker, end), started)
             return
-        check_partitioning(spec.job, run_id, state, n, PartitioningChangedError.STREAM_ADVICE)
+        if run.num_partitions and run.num_partitions != {n}:
+            raise PartitioningChangedError(spec.job, run_id, max(run.num_partitions), n, PartitioningChangedError.STREAM_ADVICE)
         spec = dataclasses.replace(
-            spec, run_id=run_id, ledger_since=end, known_published=frozenset(state.entries), pending=state.pending,
+            spec, run_id=run_id, ledger_since=end, published_content=run.contents, pending={-1: run.pending},
             num_partitions=n, call_id=uuid.uuid4().hex, entry_extra={"query_id": query_id, "batch_id": batch_id},
             fault_hook=for_batch(self.fault_hook, batch_id),
         )
@@ -158,6 +160,25 @@ class MicroBatchPublisher:
             # Killed or failed tasks may have left transactions open: end them now rather than at their timeout.
             fence(spec.producer_config, [stream_transactional_id(spec.job, p) for p in range(n)], spec.transaction_timeout_ms)
             raise
-        self.last = finish_run(spec, state, results, started, job_started, PartitioningChangedError.STREAM_ADVICE)
+        self.last = finish_run(spec, RunState({}, {}, None, end), results, started, job_started)
         log.info("micro-batch %s of %s: %s records in %s partitions", batch_id, spec.job, self.last.records,
                  self.last.published_partitions)
+
+    def _run(self, run_id: str, n: int) -> tuple[StreamRun, int]:
+        """The ledger's view of the batch; before a replay of a started batch (and on the first batch of this query
+        start), every transaction of the query's earlier attempts is ended first, so none can commit after the check."""
+        spec = self.template
+        states, end = run_states(spec.producer_config, spec.ledger_topic, spec.job, [run_id], spec.ledger_timeout_s)
+        run = states[run_id]
+        if run.marker is None and (run.started or not self.fenced):
+            upper = max([n, *(p + 1 for p in run.indices), *run.num_partitions])
+            refused = fence(spec.producer_config, [stream_transactional_id(spec.job, p) for p in range(upper)],
+                            spec.transaction_timeout_ms)
+            if refused:
+                raise PublishError(f"could not end the open transactions of {', '.join(refused)} before micro-batch "
+                                   f"{run_id} of job '{spec.job}'; publishing now could duplicate rows an earlier attempt "
+                                   "still commits. Restart the query when the brokers answer")
+            self.fenced = True
+            states, end = run_states(spec.producer_config, spec.ledger_topic, spec.job, [run_id], spec.ledger_timeout_s)
+            run = states[run_id]
+        return run, end

@@ -44,7 +44,6 @@ from eosink.spark_jobs import native as native_produce
 from eosink.spark_jobs.errors import (
     COMPONENT,
     AuthorizationError,
-    PartitioningChangedError,
     PublishError,
     TaskTooLongError,
     TransactionFencedError,
@@ -65,7 +64,7 @@ PUBLISHED = "published"  # this attempt committed the partition
 COMMITTED_BY_EARLIER_ATTEMPT = "committed_by_earlier_attempt"  # same call, an earlier attempt committed
 SKIPPED = "skipped"  # an earlier call with the same run id committed it
 NEW_IN_THIS_CALL = (PUBLISHED, COMMITTED_BY_EARLIER_ATTEMPT)
-EMPTY = "empty"  # a micro-batch partition without rows: nothing to publish, no transaction (TaskSpec.skip_empty)
+EMPTY = "empty"  # a micro-batch partition without rows: nothing to publish, no transaction (TaskSpec.stream)
 
 
 @dataclass(frozen=True)
@@ -90,16 +89,15 @@ class TaskSpec:
     call_id: str = ""  # one per publish_outbox call: tells "an earlier attempt of this call" apart
     #: The C produce loop where it applies (the driver's EOSINK_PUBLISHER_NATIVE=0 turns it off).
     native_produce: bool = True
-    #: Streaming: one transactional.id per (job, partition) for every micro-batch, not one per run
-    #: (:func:`eosink.spark_jobs.naming.stream_transactional_id`).
-    stream_ids: bool = False
-    #: Streaming: a partition without rows opens no producer and writes no ledger entry.
-    skip_empty: bool = False
+    #: A micro-batch of a streaming query (:mod:`eosink.spark_jobs.stream_task`): one transactional.id per
+    #: (job, partition), a partition known by its content, not its index; without rows, no transaction.
+    stream: bool = False
+    #: Streaming: the contents of the run committed before this attempt, by identity (see stream_task).
+    published_content: dict[str, LedgerEntry] = field(default_factory=dict)
     #: Fields added to the partition's ledger entry (a micro-batch's query id and batch id).
     entry_extra: dict[str, Any] = field(default_factory=dict)
-    #: A partition index at or above this is refused before anything is written: the run was partly
-    #: published with this many partitions (:class:`~eosink.spark_jobs.errors.PartitioningChangedError`).
-    partition_limit: int | None = None
+    #: The run's marker is in the ledger: every row of it is published, no task writes anything.
+    complete: bool = False
 
     @property
     def bootstrap(self) -> str:
@@ -138,7 +136,7 @@ class PartitionPublisher(ProduceLoops):
         self.spec = spec
         self.partition = partition
         self.attempt = attempt
-        self.tid = (stream_transactional_id(spec.job, partition) if spec.stream_ids
+        self.tid = (stream_transactional_id(spec.job, partition) if spec.stream
                     else transactional_id(spec.job, spec.run_id, partition))
         self._prefix = record_id_prefix(spec.job, spec.run_id, partition)
         self._run = spec.run_id.encode()
@@ -191,10 +189,7 @@ class PartitionPublisher(ProduceLoops):
         """Fence earlier attempts, then check the ledger. Returns the committed entry if the
         partition is already published (then nothing must be written), else ``None``."""
         spec = self.spec
-        if spec.partition_limit is not None and self.partition >= spec.partition_limit:
-            advice = PartitioningChangedError.STREAM_ADVICE if spec.stream_ids else PartitioningChangedError.BATCH_ADVICE
-            raise PartitioningChangedError(spec.job, spec.run_id, spec.partition_limit, self.partition + 1, advice)
-        if self.partition in spec.known_published:
+        if spec.complete or self.partition in spec.known_published:
             # The driver saw it committed; committed is forever, no need to touch the coordinator.
             return LedgerEntry(spec.job, spec.run_id, self.partition, -1)
         self._hook("before_init")
@@ -223,17 +218,23 @@ class PartitionPublisher(ProduceLoops):
                 pass  # a producer in a fatal state raises that state again: the error at hand says it
             raise self._fail(e, "init_transactions") from None
         self._hook("after_init")
-        entry = lookup_committed(
-            spec.producer_config,
-            spec.ledger_topic,
-            ledger_key(spec.job, spec.run_id, self.partition),
-            spec.ledger_since,
-            spec.ledger_timeout_s,
-            pending=spec.pending.get(self.partition, ()),
-        )
+        entry = self._committed_entry()
         self._took("open", began)
         self._hook("after_check")
         return entry
+
+    def _ledger_key(self) -> str:
+        return ledger_key(self.spec.job, self.spec.run_id, self.partition)
+
+    def _committed_entry(self) -> LedgerEntry | None:
+        """The ledger's committed entry for this partition (asked only once earlier attempts are fenced)."""
+        spec = self.spec
+        return lookup_committed(spec.producer_config, spec.ledger_topic, self._ledger_key(), spec.ledger_since,
+                                spec.ledger_timeout_s, pending=spec.pending.get(self.partition, ()))
+
+    def _entry_extra(self) -> dict[str, Any]:
+        """Fields the ledger entry adds to the spec's."""
+        return {}
 
     def _begin(self) -> None:
         assert self._producer is not None, "open() first"
@@ -288,8 +289,9 @@ class PartitionPublisher(ProduceLoops):
                     call_id=spec.call_id,
                     published_at_ms=int(time.time() * 1000),
                     **spec.entry_extra,
+                    **self._entry_extra(),
                 ),
-                ledger_key(spec.job, spec.run_id, self.partition),
+                self._ledger_key(),
                 partition=0,
             )
             producer.flush(spec.transaction_timeout_ms / 1000)
@@ -385,10 +387,16 @@ class PartitionPublisher(ProduceLoops):
 
 def publish_partition(spec: TaskSpec, partition: int, attempt: int, batches: Iterator[pa.RecordBatch]) -> PartitionResult:
     """One Spark task: open (fence + ledger check), write every batch, commit."""
-    pub = PartitionPublisher(spec, partition, attempt)
+    pub: PartitionPublisher
+    if spec.stream:
+        from eosink.spark_jobs.stream_task import StreamPartitionPublisher
+
+        pub = StreamPartitionPublisher(spec, partition, attempt)
+    else:
+        pub = PartitionPublisher(spec, partition, attempt)
     rows = iter(batches)
     try:
-        if spec.skip_empty:
+        if spec.stream:
             waited = time.monotonic()
             head = next((b for b in rows if b.num_rows), None)
             pub._took("input", waited)
