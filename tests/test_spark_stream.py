@@ -228,3 +228,175 @@ def test_a_replay_with_another_partition_count_is_refused_before_it_publishes(sp
 
     run(4)  # the same partitioning: only partition 3 publishes
     assert_exactly_once(read_topic(stack.kafka_bootstrap, outbox), keys(0, 100))
+
+
+# -- contents moved between indices by a replay (driven by hand, no Spark) -------------------
+
+
+def test_a_replay_that_moves_contents_between_indices_publishes_each_content_once(stack, make_topic, unique):
+    """What the Kafka source does to a replayed batch: the rows of index 0 come back at index 1, and
+    index 0 gets rows that were never published. Each content is published once, record ids stay unique."""
+    import pyarrow as pa
+
+    from eosink.spark_jobs.kafka_checks import admin_client, cluster_metadata, ensure_ledger_topic
+    from eosink.spark_jobs.ledger_index import run_states
+    from eosink.spark_jobs.naming import LEDGER_TOPIC, stream_run_id
+    from eosink.spark_jobs.outbox import CompiledOutbox
+    from eosink.spark_jobs.publisher import producer_config
+    from eosink.spark_jobs.task import PUBLISHED, SKIPPED, TaskSpec, publish_partition
+
+    outbox = make_topic(1)
+    conf = producer_config(stack.kafka_bootstrap)
+    admin = admin_client(conf)
+    ensure_ledger_topic(admin, cluster_metadata(admin, stack.kafka_bootstrap), LEDGER_TOPIC)
+    run_id = stream_run_id("q", 7)
+
+    def rows(lo: int, hi: int) -> pa.RecordBatch:
+        ks = keys(lo, hi)
+        return pa.record_batch([pa.array(ks), pa.array([k.encode() for k in ks], pa.binary())], names=["k", "v"])
+
+    def spec() -> TaskSpec:  # as a driver plans the batch: what the ledger holds of it
+        states, end = run_states(conf, LEDGER_TOPIC, unique, [run_id], 30)
+        run = states[run_id]
+        return TaskSpec(job=unique, run_id=run_id, producer_config=conf, outboxes=(CompiledOutbox(outbox, 0, 1, None, ()),),
+                        ledger_topic=LEDGER_TOPIC, ledger_since=end, known_published=frozenset(),
+                        transaction_timeout_ms=30_000, ledger_timeout_s=30, stream=True, published_content=run.contents,
+                        pending={-1: run.pending})
+
+    first = publish_partition(spec(), 0, 0, iter([rows(0, 50)]))  # the first attempt: only index 0 committed
+    assert first.status == PUBLISHED
+    replay = spec()
+    moved = publish_partition(replay, 1, 0, iter([rows(30, 50), rows(0, 30)]))  # the same rows, another order
+    new = publish_partition(replay, 0, 0, iter([rows(50, 90)]))
+    assert (moved.status, new.status) == (SKIPPED, PUBLISHED)
+
+    recs = read_topic(stack.kafka_bootstrap, outbox)
+    assert_exactly_once(recs, keys(0, 90))  # (and every eosink.id once)
+
+
+# -- bad input: refused before anything is published, naming the option or column -----------
+
+
+def _failure(query) -> str:  # noqa: ANN001 - a StreamingQuery
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        assert query.awaitTermination(120), "the query was expected to fail"
+    except StreamingQueryException as e:
+        return str(e)
+    return str(query.exception())
+
+
+def test_a_streaming_dataframe_given_to_the_batch_api_and_the_reverse_are_refused(spark, stack, unique, tmp_path):  # noqa: F811
+    from eosink.connectors.api.errors import ConfigError
+    from eosink.spark_jobs import publish_outbox, publish_outbox_stream
+
+    stream = spark.readStream.format("rate").load()
+    with pytest.raises(ConfigError, match="publish_outbox_stream") as err:
+        publish_outbox(stream, "t", key="value", job=unique, run_id="r1", kafka=stack.kafka_bootstrap)
+    assert err.value.key == "df"
+    with pytest.raises(ConfigError, match=r"publish_outbox\(df") as err:
+        publish_outbox_stream(spark.range(3), "t", key="id", job=unique, checkpoint=str(tmp_path), kafka=stack.kafka_bootstrap)
+    assert err.value.key == "df"
+
+
+def test_a_missing_checkpoint_location_is_named(spark, stack, make_topic, unique):  # noqa: F811
+    from eosink.connectors.api.errors import ConfigError
+    from eosink.spark_jobs import publish_outbox_stream
+
+    source, outbox = make_topic(1), make_topic(1)
+    df = source_frame(spark, stack.kafka_bootstrap, source, 100)
+    with pytest.raises(ConfigError, match="checkpoint=") as err:
+        publish_outbox_stream(df, outbox, key="k", job=unique, checkpoint=None, kafka=stack.kafka_bootstrap)
+    assert err.value.key == "checkpoint"
+    with pytest.raises(Exception, match="checkpointLocation"):  # Spark's own check, for the format
+        (df.writeStream.format("eosink").option("topic", outbox).option("key", "k").option("job", unique)
+         .option("kafka.bootstrap.servers", stack.kafka_bootstrap).start())
+
+
+def test_output_modes_the_writer_cannot_honour_are_refused(spark, stack, make_topic, unique, tmp_path):  # noqa: F811
+    from eosink.connectors.api.errors import ConfigError
+    from eosink.spark_jobs import publish_outbox_stream
+
+    source, outbox = make_topic(1), make_topic(1)
+    produce(stack.kafka_bootstrap, source, 0, 10)
+    counts = source_frame(spark, stack.kafka_bootstrap, source, 100).groupBy("k").count()
+    with pytest.raises(ConfigError, match="update") as err:
+        publish_outbox_stream(counts, outbox, key="k", job=unique, checkpoint=str(tmp_path / "a"),
+                              kafka=stack.kafka_bootstrap, output_mode="complete")
+    assert err.value.key == "output_mode"
+    counts = counts.selectExpr("k", "CAST(count AS STRING) AS value")
+    for mode, said in (("complete", "outputMode('complete')"), ("update", "does not support Update mode")):
+        query = (counts.writeStream.format("eosink").outputMode(mode).option("topic", outbox).option("key", "k")
+                 .option("job", unique).option("kafka.bootstrap.servers", stack.kafka_bootstrap)
+                 .option("checkpointLocation", str(tmp_path / mode)).trigger(availableNow=True).start())
+        assert said in _failure(query)
+    assert read_topic(stack.kafka_bootstrap, outbox) == []
+
+
+def test_a_missing_outbox_topic_is_named(spark, stack, make_topic, unique, tmp_path):  # noqa: F811
+    from eosink.spark_jobs import publish_outbox_stream
+    from eosink.spark_jobs.errors import TopicMissingError
+
+    source = make_topic(1)
+    produce(stack.kafka_bootstrap, source, 0, 10)
+    df = source_frame(spark, stack.kafka_bootstrap, source, 100)
+    with pytest.raises(TopicMissingError, match=f"{unique}_nowhere"):
+        publish_outbox_stream(df, f"{unique}_nowhere", key="k", job=unique, checkpoint=str(tmp_path / "a"),
+                              kafka=stack.kafka_bootstrap)
+    query = (df.writeStream.format("eosink").option("topic", f"{unique}_nowhere").option("key", "k").option("job", unique)
+             .option("kafka.bootstrap.servers", stack.kafka_bootstrap).option("checkpointLocation", str(tmp_path / "b"))
+             .trigger(availableNow=True).start())
+    failure = _failure(query)
+    assert "TopicMissingError" in failure and f"{unique}_nowhere" in failure
+
+
+def test_a_missing_key_column_and_a_value_column_to_encode_are_named(spark, stack, make_topic, unique, tmp_path):  # noqa: F811
+    from eosink.spark_jobs import publish_outbox_stream
+    from eosink.spark_jobs.errors import MissingColumnError
+
+    source, outbox = make_topic(1), make_topic(1)
+    produce(stack.kafka_bootstrap, source, 0, 10)
+    df = source_frame(spark, stack.kafka_bootstrap, source, 100)
+    with pytest.raises(MissingColumnError, match="'user_id'.*available columns: k, value"):
+        publish_outbox_stream(df, outbox, key="user_id", job=unique, checkpoint=str(tmp_path / "a"),
+                              kafka=stack.kafka_bootstrap)
+
+    def sink(frame, name: str, key: str):  # noqa: ANN001, ANN202
+        return (frame.writeStream.format("eosink").option("topic", outbox).option("key", key).option("job", unique)
+                .option("kafka.bootstrap.servers", stack.kafka_bootstrap)
+                .option("checkpointLocation", str(tmp_path / name)).trigger(availableNow=True).start())
+
+    failure = _failure(sink(df, "b", "user_id"))
+    assert "MissingColumnError" in failure and "'user_id'" in failure
+    failure = _failure(sink(df.selectExpr("k", "length(value) AS value"), "c", "k"))
+    assert "value column 'value' is int" in failure and "to_json" in failure
+    assert read_topic(stack.kafka_bootstrap, outbox) == []
+
+
+# -- the batch side of the format ---------------------------------------------------------------
+
+
+def test_batch_write_format_publishes_once_per_run_id_through_a_retry_and_a_rerun(spark, stack, make_topic, unique):  # noqa: F811
+    from pyspark.sql import functions as F
+
+    from eosink.spark_jobs.faults import FailAt, to_option
+
+    outbox = make_topic(2)
+    df = spark.range(0, 200, 1, numPartitions=4).select(F.format_string("k-%06d", "id").alias("k"),
+                                                         F.to_json(F.struct("id")).alias("value"))
+
+    def write(mode: str = "append", **options: str) -> None:
+        w = (df.write.format("eosink").mode(mode).option("topic", outbox).option("key", "k").option("job", unique)
+             .option("run_id", "r1").option("kafka.bootstrap.servers", stack.kafka_bootstrap))
+        for k, v in options.items():
+            w = w.option(k, v)
+        w.save()
+
+    write(fault_hook=to_option(FailAt("after_commit", partitions=frozenset({1}))))  # partition 1 is retried
+    write()  # the same run id again: every partition is in the ledger
+    assert_exactly_once(read_topic(stack.kafka_bootstrap, outbox), keys(0, 200))
+    marker = entries(stack.kafka_bootstrap, unique)["r1/run"]
+    assert (marker["num_partitions"], marker["records"]) == (4, 200)
+    with pytest.raises(Exception, match=r"mode\('append'\)"):
+        write(mode="overwrite")
