@@ -1,8 +1,9 @@
 """Reading job inputs: Parquet, CSV or JSON paths, or a Kafka topic read with read_committed.
 
 A Kafka source is named ``kafka:<topic>`` and read as a *batch* (earliest to latest offsets at
-start) with ``kafka.isolation.level=read_committed``, so records of open or aborted transactions
-(an upstream eosink publisher's, for instance) never enter a job. It needs the spark-sql-kafka jar
+start; :func:`read_kafka_stream` reads it as a stream) with ``kafka.isolation.level=read_committed``,
+so records of open or aborted transactions (an upstream eosink publisher's, for instance) never
+enter a job. It needs the spark-sql-kafka jar
 (``build_session(kafka_jars=True)``). The record value is JSON parsed with ``schema``.
 """
 
@@ -42,12 +43,32 @@ def read_kafka(spark: SparkSession, bootstrap: str, topic: str, schema: StructTy
         .option("kafka.isolation.level", "read_committed")
         .load()
     )
+    return _parsed(raw, schema)
+
+
+def _parsed(raw: DataFrame, schema: StructType) -> DataFrame:
     parsed = F.from_json(F.col("value").cast("string"), schema)
     return raw.select(
         parsed.alias("v"),
         F.col("partition").alias("_kafka_partition"),
         F.col("offset").alias("_kafka_offset"),
     ).select("v.*", "_kafka_partition", "_kafka_offset")
+
+
+def read_kafka_stream(spark: SparkSession, bootstrap: str, topic: str, schema: StructType,
+                      max_offsets_per_trigger: int | None = None) -> DataFrame:
+    """The topic as a stream of its committed records (from the earliest offset; a checkpoint resumes
+    where it stopped), value JSON parsed with ``schema`` (plus ``_kafka_*`` columns)."""
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("kafka.isolation.level", "read_committed")
+    )
+    if max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", max_offsets_per_trigger)
+    return _parsed(reader.load(), schema)
 
 
 def read_source(

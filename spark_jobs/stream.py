@@ -30,7 +30,8 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -43,7 +44,7 @@ from eosink.spark_jobs.fencing import fence
 from eosink.spark_jobs.ledger import RunState
 from eosink.spark_jobs.ledger_index import StreamRun, run_states
 from eosink.spark_jobs.naming import LEDGER_TOPIC, stream_run_id, stream_transactional_id, validate_name
-from eosink.spark_jobs.outbox import Outbox, normalize, project, repartition_by_key
+from eosink.spark_jobs.outbox import CompiledOutbox, Outbox, normalize, project, repartition_by_key
 from eosink.spark_jobs.publisher import (
     DEFAULT_STREAM_TRANSACTION_TIMEOUT_MS,
     encode_headers,
@@ -77,6 +78,8 @@ def publish_outbox_stream(
     transaction_timeout_ms: int = DEFAULT_STREAM_TRANSACTION_TIMEOUT_MS,
     connect_timeout_s: float = 15.0,
     ledger_timeout_s: float = 60.0,
+    transform: Callable[[DataFrame], DataFrame] | None = None,
+    on_batch: Callable[[PublishResult], None] | None = None,
     fault_hook: FaultHook | None = None,
 ) -> StreamingQuery:
     """Start a query publishing every row of the streaming ``df`` to ``topic`` (one or several outboxes).
@@ -88,7 +91,12 @@ def publish_outbox_stream(
     ``output_mode`` ``append`` or ``update`` (``complete`` re-sends every row of the result each
     batch, which an outbox would deliver again and again). ``partitions=N`` repartitions each
     micro-batch by the key, which makes its split a function of its rows (see the README's safe
-    plans). The transaction timeout defaults to 30 s. Bad input raises before the query starts.
+    plans). The transaction timeout defaults to 30 s. ``transform`` turns each micro-batch (a batch
+    DataFrame) into the rows to publish, for what a streaming plan cannot express (it must be
+    deterministic: a replay must give the same rows); it runs without adaptive query execution, whose
+    partition coalescing could group a replay's rows differently. ``on_batch`` is called on the driver
+    with each micro-batch's :class:`~eosink.spark_jobs.runs.PublishResult`. Bad input raises before
+    the query starts.
     """
     if not df.isStreaming:
         raise ConfigError("publish_outbox_stream takes a streaming DataFrame and this one is a batch one: publish it "
@@ -104,8 +112,9 @@ def publish_outbox_stream(
                           "(complete mode re-sends the whole result every micro-batch)", key="output_mode",
                           source="publish_outbox_stream")
     outboxes = normalize(topic)
-    df = repartition_by_key(df, partitions, key, outboxes)
-    projected, compiled = project(df, outboxes, key)  # MissingColumnError before touching Kafka
+    plan = BatchPlan(outboxes, key, partitions, transform)
+    # MissingColumnError before touching Kafka: the plan applied to an empty micro-batch of the stream's schema
+    compiled = plan.project(df.sparkSession.createDataFrame([], df.schema))[1]
     conf = producer_config(kafka)
     preflight(conf, [ob.topic for ob in compiled], ledger_topic, transaction_timeout_ms, connect_timeout_s)
     template = TaskSpec(
@@ -113,8 +122,8 @@ def publish_outbox_stream(
         known_published=frozenset(), transaction_timeout_ms=transaction_timeout_ms, ledger_timeout_s=ledger_timeout_s,
         native_produce=native_enabled(), extra_headers=encode_headers(headers), stream=True,
     )
-    writer = (projected.writeStream.foreachBatch(MicroBatchPublisher(template, fault_hook))
-              .outputMode(output_mode).option("checkpointLocation", checkpoint))
+    publisher = MicroBatchPublisher(template, plan, fault_hook, on_batch)
+    writer = df.writeStream.foreachBatch(publisher).outputMode(output_mode).option("checkpointLocation", checkpoint)
     if trigger:
         writer = writer.trigger(**trigger)
     if query_name:
@@ -122,11 +131,28 @@ def publish_outbox_stream(
     return writer.start()
 
 
+@dataclass(frozen=True)
+class BatchPlan:
+    """What a micro-batch becomes before it is published: transformed, repartitioned by key, projected."""
+
+    outboxes: list[Outbox]
+    key: str | None
+    partitions: int | None
+    transform: Callable[[DataFrame], DataFrame] | None
+
+    def project(self, batch: DataFrame) -> tuple[DataFrame, list[CompiledOutbox]]:
+        frame = self.transform(batch) if self.transform is not None else batch
+        return project(repartition_by_key(frame, self.partitions, self.key, self.outboxes), self.outboxes, self.key)
+
+
 class MicroBatchPublisher:
     """The ``foreachBatch`` function: one micro-batch, one run (called on the driver, batch after batch)."""
 
-    def __init__(self, template: TaskSpec, fault_hook: FaultHook | None = None) -> None:
+    def __init__(self, template: TaskSpec, plan: BatchPlan, fault_hook: FaultHook | None = None,
+                 on_batch: Callable[[PublishResult], None] | None = None) -> None:
         self.template = template
+        self.plan = plan
+        self.on_batch = on_batch
         self.fault_hook = fault_hook
         self.fenced = False  # the first batch of this query start ends what a killed driver left open
         #: The last batch's result (for logs and tests; the outboxes and the ledger are the record).
@@ -139,10 +165,13 @@ class MicroBatchPublisher:
         if not query_id:
             raise ConfigError("MicroBatchPublisher runs as a streaming query's foreachBatch function", key="foreachBatch")
         run_id = stream_run_id(query_id, batch_id)
+        if self.plan.transform is not None:
+            batch.sparkSession.conf.set("spark.sql.adaptive.enabled", "false")
+        batch = self.plan.project(batch)[0]
         n = batch.rdd.getNumPartitions()
         run, end = self._run(run_id, n)
         if run.marker is not None:  # committed in full; Spark's commit log missed it (a driver died in between)
-            self.last = already_published(spec.job, run_id, RunState({}, {}, run.marker, end), started)
+            self._done(already_published(spec.job, run_id, RunState({}, {}, run.marker, end), started))
             return
         if run.num_partitions and run.num_partitions != {n}:
             raise PartitioningChangedError(spec.job, run_id, max(run.num_partitions), n, PartitioningChangedError.STREAM_ADVICE)
@@ -160,9 +189,15 @@ class MicroBatchPublisher:
             # Killed or failed tasks may have left transactions open: end them now rather than at their timeout.
             fence(spec.producer_config, [stream_transactional_id(spec.job, p) for p in range(n)], spec.transaction_timeout_ms)
             raise
-        self.last = finish_run(spec, RunState({}, {}, None, end), results, started, job_started)
-        log.info("micro-batch %s of %s: %s records in %s partitions", batch_id, spec.job, self.last.records,
-                 self.last.published_partitions)
+        result = finish_run(spec, RunState({}, {}, None, end), results, started, job_started)
+        log.info("micro-batch %s of %s: %s records in %s partitions", batch_id, spec.job, result.records,
+                 result.published_partitions)
+        self._done(result)
+
+    def _done(self, result: PublishResult) -> None:
+        self.last = result
+        if self.on_batch is not None:
+            self.on_batch(result)
 
     def _run(self, run_id: str, n: int) -> tuple[StreamRun, int]:
         """The ledger's view of the batch; before a replay of a started batch (and on the first batch of this query
