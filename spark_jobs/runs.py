@@ -154,6 +154,22 @@ def check_partitioning(job: str, run_id: str, state: RunState, partitions: int |
         raise PartitioningChangedError(job, run_id, max(state.entries) + 1, partitions, advice)
 
 
+_MARKER_PRODUCERS: dict[tuple[tuple[str, str], ...], Producer] = {}
+
+
+def _marker_producer(conf: Mapping[str, Any]) -> Producer:
+    """This process's producer for run markers (a streaming driver writes one per micro-batch).
+
+    Not idempotent on purpose: an idempotent producer spends ~0.5 s acquiring a producer id before its
+    first send, and a duplicated marker is harmless (same key, same value, compacted)."""
+    settings = kafka_checks.client_config(conf)
+    ident = tuple(sorted((k, str(v)) for k, v in settings.items()))
+    producer = _MARKER_PRODUCERS.get(ident)
+    if producer is None:
+        producer = _MARKER_PRODUCERS[ident] = Producer({**settings, "acks": "all", "linger.ms": 0})
+    return producer
+
+
 def _write_run_marker(
     conf: Mapping[str, Any], topic: str, job: str, run_id: str, n: int, records: int, topics: Mapping[str, int],
     extra: Mapping[str, Any],
@@ -163,9 +179,7 @@ def _write_run_marker(
     Written outside any transaction after every partition committed; losing it only costs the
     shortcut (the tasks would each find their entry), so a failure here is logged, not raised.
     """
-    # Not idempotent on purpose: an idempotent producer spends ~0.5 s acquiring a producer id
-    # before its first send, and a duplicated marker is harmless (same key, same value, compacted).
-    producer = Producer({**kafka_checks.client_config(conf), "acks": "all", "linger.ms": 0})
+    producer = _marker_producer(conf)
     try:
         producer.produce(
             topic,

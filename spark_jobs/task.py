@@ -98,6 +98,9 @@ class TaskSpec:
     entry_extra: dict[str, Any] = field(default_factory=dict)
     #: The run's marker is in the ledger: every row of it is published, no task writes anything.
     complete: bool = False
+    #: Streaming: when (``time.time()``) the driver last ended the job's transactions; a producer a task kept
+    #: from an earlier micro-batch is reused only if it was initialised after that (see stream_task).
+    fenced_at: float = 0.0
 
     @property
     def bootstrap(self) -> str:
@@ -194,6 +197,16 @@ class PartitionPublisher(ProduceLoops):
             return LedgerEntry(spec.job, spec.run_id, self.partition, -1)
         self._hook("before_init")
         began = time.monotonic()
+        self._start_producer()
+        self._hook("after_init")
+        entry = self._committed_entry()
+        self._took("open", began)
+        self._hook("after_check")
+        return entry
+
+    def _start_producer(self) -> None:
+        """A transactional producer for this attempt's transactional.id, ``init_transactions`` done (fencing)."""
+        spec = self.spec
         conf = {
             **spec.producer_config,
             "transactional.id": self.tid,
@@ -217,11 +230,6 @@ class PartitionPublisher(ProduceLoops):
             except KafkaException:
                 pass  # a producer in a fatal state raises that state again: the error at hand says it
             raise self._fail(e, "init_transactions") from None
-        self._hook("after_init")
-        entry = self._committed_entry()
-        self._took("open", began)
-        self._hook("after_check")
-        return entry
 
     def _ledger_key(self) -> str:
         return ledger_key(self.spec.job, self.spec.run_id, self.partition)
@@ -351,7 +359,9 @@ class PartitionPublisher(ProduceLoops):
         if self._producer is not None:
             if self._in_txn:
                 self._abort_quietly(PublishError("closing"))
-            producer, self._producer, self._native = self._producer, None, None
+            producer, native, self._producer, self._native = self._producer, self._native, None, None
+            if self._clean and self._keep(producer, native):
+                return
             # After a commit, destroyed here rather than whenever the last reference goes (librdkafka's
             # teardown blocks its caller). Not after a failure: close() would end the failed transaction
             # again, warn or raise, and hide the error the task is failing with.
@@ -361,6 +371,10 @@ class PartitionPublisher(ProduceLoops):
                     close()
                 except KafkaException:
                     pass  # the task's outcome is decided; a teardown error changes nothing in Kafka
+
+    def _keep(self, producer: Producer, native: native_produce.NativeLoop | None) -> bool:
+        """Whether a producer that ended cleanly is kept for a later attempt (streaming: see stream_task)."""
+        return False
 
     def empty(self) -> PartitionResult:
         """No rows: nothing written, not even a ledger entry (a replay of an empty partition has nothing to repeat)."""
