@@ -21,13 +21,12 @@ every round also measures the CPU seconds per row of the Spark JVM, its Python w
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import sys
-import time
 import uuid
+from functools import partial
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
@@ -38,7 +37,13 @@ if str(REPO) not in sys.path:
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-from bench.bench_spark_publisher import ProcessCPU  # noqa: E402 - after the path set-up above
+from bench.bench_spark_publisher import (  # noqa: E402 - after the path set-up above
+    ProcessCPU,
+    common_arguments,
+    delete_topics,
+    kafka_of,
+    timed,
+)
 
 PATHS = ("eosink-ds", "eosink-fn", "spark")
 GUARANTEE = {"eosink-ds": "exactly-once", "eosink-fn": "exactly-once", "spark": "at-least-once"}
@@ -108,38 +113,29 @@ def start(name: str, df, bootstrap: str, topic: str, checkpoint: str, job: str):
     return writer.start()
 
 
-def run_path(spark, name: str, bootstrap: str, src: str, dst: str, batch_rows: int, tmp: str) -> tuple[float, int]:
-    """Seconds from start() to the end of the query, and the rows its micro-batches read."""
+def run_path(spark, name: str, bootstrap: str, src: str, dst: str, batch_rows: int, tmp: str) -> int:
+    """The path's query from start() to its end; the rows its micro-batches read."""
     job = f"bench-{name}-{uuid.uuid4().hex[:8]}"
     df = source(spark, bootstrap, src, batch_rows)
-    t0 = time.perf_counter()
     query = start(name, df, bootstrap, dst, f"{tmp}/{job}", job)
     query.awaitTermination()
-    dt = time.perf_counter() - t0
     if query.exception() is not None:
         raise RuntimeError(f"{name}: {query.exception()}")
-    rows = sum(json.loads(p.json)["numInputRows"] for p in query.recentProgress)
-    return dt, rows
+    return sum(json.loads(p.json)["numInputRows"] for p in query.recentProgress)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap = common_arguments(__doc__)
     ap.add_argument("--batch-rows", type=int, default=250_000, help="maxOffsetsPerTrigger")
     ap.add_argument("--topic-partitions", type=int, default=4, help="of the source (= Spark partitions) and the outboxes")
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--master", default="local[2]")
-    ap.add_argument("--bootstrap", help="default: the local stack's Kafka")
     args = ap.parse_args(argv)
 
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from eosink.spark_jobs.jobs._common import default_bootstrap
     from eosink.spark_jobs.session import build_session
 
-    bootstrap = args.bootstrap or default_bootstrap()
+    bootstrap = kafka_of(args)
     if not bootstrap:
-        print("no Kafka: pass --bootstrap or start the stack", file=sys.stderr)
         return 2
     admin = AdminClient({"bootstrap.servers": bootstrap})
     prefix = f"benchs_{uuid.uuid4().hex[:6]}"
@@ -164,24 +160,13 @@ def main(argv: list[str] | None = None) -> int:
             cpu: dict[str, list[dict[str, float]]] = {n: [] for n in PATHS}
             for r in range(args.repeat):
                 for name in PATHS:
-                    before = meter.sample()
-                    dt, n = run_path(spark, name, bootstrap, src, f"{prefix}_{name.replace('-', '_')}_{r}",
-                                     args.batch_rows, tmp)
-                    after = meter.sample()
+                    dst = f"{prefix}_{name.replace('-', '_')}_{r}"
+                    n = timed(meter, name, r, partial(run_path, spark, name, bootstrap, src, dst, args.batch_rows, tmp),
+                              rates, cpu)
                     assert n == args.rows, f"{name} read {n} of {args.rows}"
-                    rates[name].append(n / dt)
-                    per_row = {k: 1e6 * (after[k] - before[k]) / n for k in after}
-                    cpu[name].append(per_row)
-                    print(f"  round {r + 1} {name:9} {dt:7.2f} s {n / dt:12,.0f} rec/s   CPU us/row: "
-                          + " ".join(f"{k} {v:4.2f}" for k, v in per_row.items())
-                          + f" = {sum(per_row.values()):4.2f}   load {os.getloadavg()[0]:.1f}", flush=True)
         report(rates, cpu, meter.broker is not None)
     finally:
-        for f in admin.delete_topics(topics).values():
-            try:
-                f.result(30)
-            except Exception:  # noqa: BLE001 - best-effort cleanup of unique bench topics
-                pass
+        delete_topics(admin, topics)
         spark.stop()
     return 0
 

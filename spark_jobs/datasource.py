@@ -150,7 +150,6 @@ class BatchWriter(DataSourceArrowWriter):
 
 _CHECKED: set[Any] = set()
 _FENCED: set[Any] = set()
-_FENCED_AT: dict[Any, float] = {}
 _LOCK = threading.Lock()
 
 
@@ -162,7 +161,6 @@ class StreamWriter(DataSourceStreamArrowWriter):
         #: Filled when the writer is pickled for the tasks: every kept run's state, and where their ledger reads begin.
         self.runs: dict[str, StreamRun] | None = None
         self.since = 0
-        self.fenced_at = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
         if self.runs is None:
@@ -198,11 +196,9 @@ class StreamWriter(DataSourceStreamArrowWriter):
                                    "publishing now could duplicate rows an earlier attempt still commits")
             with _LOCK:
                 _FENCED.add(fencing)
-                _FENCED_AT[(ident, s.job)] = time.time()
             if started:
                 runs, since = run_states(s.producer_config, s.ledger_topic, s.job, None, s.ledger_timeout_s)
         self.runs, self.since = runs, since
-        self.fenced_at = _FENCED_AT.get((ident, s.job), 0.0)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PartitionMessage:
         ctx, partition, attempt = _task()
@@ -214,7 +210,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
             self.settings, run_id=run_id, ledger_since=self.since, published_content=run.contents,
             pending={-1: run.pending}, complete=run.marker is not None, stream=True,
             entry_extra={"query_id": query_id, "batch_id": int(batch_id)},
-            fault_hook=for_batch(self.settings.fault_hook, int(batch_id)), fenced_at=self.fenced_at,
+            fault_hook=for_batch(self.settings.fault_hook, int(batch_id)),
         )
         result = publish_partition(spec, partition, attempt, adapt(iterator, self.settings.cast_to_string))
         return PartitionMessage(result, query_id)

@@ -52,7 +52,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from eosink.connectors.common.jsoncodec import decode, encode
 from eosink.spark_jobs.errors import COMPONENT, AuthorizationError, LedgerError
@@ -317,3 +317,21 @@ def lookup_committed(
                 tail.committed.update(tail.reader.committed({key: candidates}, timeout_s))
         raw = tail.committed.get(key)
     return LedgerEntry.from_bytes(raw) if raw is not None else None
+
+
+_PLAIN_PRODUCERS: dict[tuple[tuple[str, str], ...], Producer] = {}
+
+
+def write_plain(kafka: Mapping[str, Any], topic: str, key: str, value: bytes, timeout_s: float = 30.0) -> bool:
+    """One record written outside any transaction (a run marker, a fence record); whether it was confirmed.
+
+    One producer per process and cluster (a streaming driver writes one or two a micro-batch). Not
+    idempotent on purpose: an idempotent producer spends ~0.5 s acquiring a producer id before its
+    first send, and a duplicated record is harmless (same key, same value, compacted)."""
+    settings = client_config(kafka)
+    ident = tuple(sorted((k, str(v)) for k, v in settings.items()))
+    producer = _PLAIN_PRODUCERS.get(ident)
+    if producer is None:
+        producer = _PLAIN_PRODUCERS[ident] = Producer({**settings, "acks": "all", "linger.ms": 0})
+    producer.produce(topic, value, key, partition=0)
+    return producer.flush(timeout_s) == 0

@@ -15,13 +15,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException
 from pyspark.sql import DataFrame
 
-from eosink.spark_jobs import kafka_checks
 from eosink.spark_jobs.arrow_map import map_in_arrow
 from eosink.spark_jobs.errors import PartitioningChangedError, PublishError, from_task_failure
-from eosink.spark_jobs.ledger import RunState, entry_value
+from eosink.spark_jobs.ledger import RunState, entry_value, write_plain
 from eosink.spark_jobs.naming import run_marker_key
 from eosink.spark_jobs.summary import SUMMARY_DDL, make_task_function, result_of
 from eosink.spark_jobs.task import NEW_IN_THIS_CALL, PartitionResult, TaskSpec
@@ -154,22 +153,6 @@ def check_partitioning(job: str, run_id: str, state: RunState, partitions: int |
         raise PartitioningChangedError(job, run_id, max(state.entries) + 1, partitions, advice)
 
 
-_MARKER_PRODUCERS: dict[tuple[tuple[str, str], ...], Producer] = {}
-
-
-def _marker_producer(conf: Mapping[str, Any]) -> Producer:
-    """This process's producer for run markers (a streaming driver writes one per micro-batch).
-
-    Not idempotent on purpose: an idempotent producer spends ~0.5 s acquiring a producer id before its
-    first send, and a duplicated marker is harmless (same key, same value, compacted)."""
-    settings = kafka_checks.client_config(conf)
-    ident = tuple(sorted((k, str(v)) for k, v in settings.items()))
-    producer = _MARKER_PRODUCERS.get(ident)
-    if producer is None:
-        producer = _MARKER_PRODUCERS[ident] = Producer({**settings, "acks": "all", "linger.ms": 0})
-    return producer
-
-
 def _write_run_marker(
     conf: Mapping[str, Any], topic: str, job: str, run_id: str, n: int, records: int, topics: Mapping[str, int],
     extra: Mapping[str, Any],
@@ -179,15 +162,9 @@ def _write_run_marker(
     Written outside any transaction after every partition committed; losing it only costs the
     shortcut (the tasks would each find their entry), so a failure here is logged, not raised.
     """
-    producer = _marker_producer(conf)
     try:
-        producer.produce(
-            topic,
-            entry_value(job, run_id, None, records, topics, num_partitions=n, complete=True, **extra),
-            run_marker_key(job, run_id),
-            partition=0,
-        )
-        if producer.flush(30) != 0:
+        value = entry_value(job, run_id, None, records, topics, num_partitions=n, complete=True, **extra)
+        if not write_plain(conf, topic, run_marker_key(job, run_id), value):
             log.warning("run marker for %s/%s not confirmed; the next re-run will check per partition", job, run_id)
     except KafkaException as e:
         log.warning("cannot write run marker for %s/%s: %s", job, run_id, e)

@@ -10,6 +10,7 @@ enter a job. It needs the spark-sql-kafka jar
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -34,16 +35,14 @@ def infer_format(path: str) -> str:
 
 def read_kafka(spark: SparkSession, bootstrap: str, topic: str, schema: StructType) -> DataFrame:
     """The topic's committed records, value JSON parsed with ``schema`` (plus ``_kafka_*`` columns)."""
-    raw = (
-        spark.read.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("endingOffsets", "latest")
-        .option("kafka.isolation.level", "read_committed")
-        .load()
-    )
+    raw = _committed(spark.read.format("kafka"), bootstrap, topic).option("endingOffsets", "latest").load()
     return _parsed(raw, schema)
+
+
+def _committed(reader: Any, bootstrap: str, topic: str) -> Any:
+    """A batch or stream reader of ``topic`` from its earliest offset, read_committed."""
+    return (reader.option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+            .option("startingOffsets", "earliest").option("kafka.isolation.level", "read_committed"))
 
 
 def _parsed(raw: DataFrame, schema: StructType) -> DataFrame:
@@ -59,13 +58,7 @@ def read_kafka_stream(spark: SparkSession, bootstrap: str, topic: str, schema: S
                       max_offsets_per_trigger: int | None = None) -> DataFrame:
     """The topic as a stream of its committed records (from the earliest offset; a checkpoint resumes
     where it stopped), value JSON parsed with ``schema`` (plus ``_kafka_*`` columns)."""
-    reader = (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("kafka.isolation.level", "read_committed")
-    )
+    reader = _committed(spark.readStream.format("kafka"), bootstrap, topic)
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", max_offsets_per_trigger)
     return _parsed(reader.load(), schema)

@@ -154,7 +154,7 @@ class MicroBatchPublisher:
         self.plan = plan
         self.on_batch = on_batch
         self.fault_hook = fault_hook
-        self.fenced_at = 0.0  # the first batch of this query start ends what a killed driver left open
+        self.fenced = False  # the first batch of this query start ends what a killed driver left open
         #: The last batch's result (for logs and tests; the outboxes and the ledger are the record).
         self.last: PublishResult | None = None
 
@@ -178,7 +178,7 @@ class MicroBatchPublisher:
         spec = dataclasses.replace(
             spec, run_id=run_id, ledger_since=end, published_content=run.contents, pending={-1: run.pending},
             num_partitions=n, call_id=uuid.uuid4().hex, entry_extra={"query_id": query_id, "batch_id": batch_id},
-            fault_hook=for_batch(self.fault_hook, batch_id), fenced_at=self.fenced_at,
+            fault_hook=for_batch(self.fault_hook, batch_id),
         )
         job_started = time.monotonic()
         try:
@@ -205,7 +205,7 @@ class MicroBatchPublisher:
         spec = self.template
         states, end = run_states(spec.producer_config, spec.ledger_topic, spec.job, [run_id], spec.ledger_timeout_s)
         run = states[run_id]
-        if run.marker is None and (run.started or not self.fenced_at):
+        if run.marker is None and (run.started or not self.fenced):
             upper = max([n, *(p + 1 for p in run.indices), *run.num_partitions])
             refused = fence(spec.producer_config, [stream_transactional_id(spec.job, p) for p in range(upper)],
                             spec.transaction_timeout_ms)
@@ -213,7 +213,7 @@ class MicroBatchPublisher:
                 raise PublishError(f"could not end the open transactions of {', '.join(refused)} before micro-batch "
                                    f"{run_id} of job '{spec.job}'; publishing now could duplicate rows an earlier attempt "
                                    "still commits. Restart the query when the brokers answer")
-            self.fenced_at = time.time()
+            self.fenced = True
             states, end = run_states(spec.producer_config, spec.ledger_topic, spec.job, [run_id], spec.ledger_timeout_s)
             run = states[run_id]
         return run, end

@@ -21,37 +21,18 @@ Record ids (``eosink.id``) are ``{job}/{run}/{index}-{first batch's fingerprint}
 replay can put a new content at an index whose committed records (another content's) are numbered from 0
 too; the same across attempts where the partition's first rows are (an offset range of the Kafka source).
 
-The producer of a partition is kept in its Python worker after a transaction that ended cleanly and
-reused by the next micro-batch's task of the same partition there, without ``init_transactions``
-(which, with the producer's creation, cost ~60 ms a task). That keeps the argument: a kept producer
-is the newest holder of its transactional.id unless another attempt has initialised the id since,
-and then it is fenced and cannot commit (the attempt fails with ``TransactionFencedError`` and
-Spark retries it with a new producer). Producers initialised before the driver last ended the job's
-transactions (``TaskSpec.fenced_at``) are not reused, at most :data:`KEPT_PRODUCERS` are kept.
-
 Two partitions of one micro-batch with exactly the same rows (as multisets of key and value bytes)
 share an identity: on a replay after one of them committed, the other is taken as published.
 """
 
 from __future__ import annotations
 
-import time
-from collections import OrderedDict
-from typing import Any
-
 import pyarrow as pa
-from confluent_kafka import Producer
 
 from eosink.spark_jobs.fingerprint import batch_fingerprint, combine
 from eosink.spark_jobs.ledger import LedgerEntry, lookup_committed
 from eosink.spark_jobs.naming import ledger_key, record_id_prefix
-from eosink.spark_jobs.native import NativeLoop
-from eosink.spark_jobs.produce import plain_outbox
 from eosink.spark_jobs.task import PartitionPublisher, PartitionResult, TaskSpec
-
-KEPT_PRODUCERS = 16
-#: This Python worker's kept producers: (transactional.id, settings) -> (producer, C loop, watch, initialised at).
-_KEPT: OrderedDict[tuple[Any, ...], tuple[Producer, NativeLoop | None, Any, float]] = OrderedDict()
 
 
 def content_of(spec: TaskSpec, batch: pa.RecordBatch) -> int:
@@ -67,28 +48,6 @@ class StreamPartitionPublisher(PartitionPublisher):
         super().__init__(spec, partition, attempt)
         self.fingerprint = 0
         self.rows = 0
-        self._inited_at = 0.0
-
-    def _kept_as(self) -> tuple[Any, ...]:
-        spec = self.spec
-        return (self.tid, tuple(sorted((k, str(v)) for k, v in spec.producer_config.items())),
-                spec.transaction_timeout_ms, spec.native_produce and plain_outbox(spec))
-
-    def _start_producer(self) -> None:
-        kept = _KEPT.pop(self._kept_as(), None)
-        if kept is not None and kept[3] > self.spec.fenced_at:
-            self._producer, self._native, self.watch, self._inited_at = kept
-            return
-        if kept is not None:
-            _close(kept[0])  # fenced by the driver since
-        self._inited_at = time.time()
-        super()._start_producer()
-
-    def _keep(self, producer: Producer, native: NativeLoop | None) -> bool:
-        _KEPT[self._kept_as()] = (producer, native, self.watch, self._inited_at)
-        while len(_KEPT) > KEPT_PRODUCERS:
-            _close(_KEPT.popitem(last=False)[1][0])
-        return True
 
     @property
     def identity(self) -> str:
@@ -126,11 +85,3 @@ class StreamPartitionPublisher(PartitionPublisher):
             return self.skipped(earlier)
         return super().commit()
 
-
-def _close(producer: Producer) -> None:
-    close = getattr(producer, "close", None)
-    if close is not None:
-        try:
-            close()
-        except Exception:  # noqa: BLE001 - a producer let go of; nothing of its outcome depends on this
-            pass

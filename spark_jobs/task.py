@@ -98,9 +98,6 @@ class TaskSpec:
     entry_extra: dict[str, Any] = field(default_factory=dict)
     #: The run's marker is in the ledger: every row of it is published, no task writes anything.
     complete: bool = False
-    #: Streaming: when (``time.time()``) the driver last ended the job's transactions; a producer a task kept
-    #: from an earlier micro-batch is reused only if it was initialised after that (see stream_task).
-    fenced_at: float = 0.0
 
     @property
     def bootstrap(self) -> str:
@@ -359,9 +356,7 @@ class PartitionPublisher(ProduceLoops):
         if self._producer is not None:
             if self._in_txn:
                 self._abort_quietly(PublishError("closing"))
-            producer, native, self._producer, self._native = self._producer, self._native, None, None
-            if self._clean and self._keep(producer, native):
-                return
+            producer, self._producer, self._native = self._producer, None, None
             # After a commit, destroyed here rather than whenever the last reference goes (librdkafka's
             # teardown blocks its caller). Not after a failure: close() would end the failed transaction
             # again, warn or raise, and hide the error the task is failing with.
@@ -371,10 +366,6 @@ class PartitionPublisher(ProduceLoops):
                     close()
                 except KafkaException:
                     pass  # the task's outcome is decided; a teardown error changes nothing in Kafka
-
-    def _keep(self, producer: Producer, native: native_produce.NativeLoop | None) -> bool:
-        """Whether a producer that ended cleanly is kept for a later attempt (streaming: see stream_task)."""
-        return False
 
     def empty(self) -> PartitionResult:
         """No rows: nothing written, not even a ledger entry (a replay of an empty partition has nothing to repeat)."""
