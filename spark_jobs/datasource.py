@@ -17,9 +17,11 @@ Where the driver work happens, and why it differs from ``publish_outbox``:
   batch id or the query id (only the tasks learn them, from the local properties Spark gives a
   micro-batch's jobs). So the shipped writer does the broker checks and reads the job's ledger
   incrementally when it is pickled, for every run the job's ledger keeps
-  (:mod:`eosink.spark_jobs.ledger_index`); each task picks its own run (``{query id}.{batch id}``)
-  from that. ``commit`` checks that the ledger holds no partition the batch no longer has and writes
-  the batch's run marker; ``abort`` ends the transactions of the partitions that failed.
+  (:mod:`eosink.spark_jobs.ledger_index`), ending the job's open transactions first when a run was
+  started and not completed (a replay is coming) or this process has not planned for the job yet;
+  each task picks its own run (``{query id}.{batch id}``) from that and publishes by content
+  (:mod:`eosink.spark_jobs.stream_task`). ``commit`` writes the batch's run marker; ``abort`` ends
+  the transactions of the partitions whose task did not report.
 
 Spark 4.1 accepts only append mode from a Python data source in a stream (it refuses update mode
 itself); complete mode is refused here (an outbox would deliver the whole result every batch). For

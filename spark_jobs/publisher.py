@@ -54,7 +54,13 @@ DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
 }
 
 
-def producer_config(kafka: str | Mapping[str, Any]) -> dict[str, Any]:
+#: Streaming adds: every broker connected when the producer starts. With sparse connections (librdkafka's
+#: default) a new transactional producer's first metadata request waited ~50 ms for its connection, and a
+#: streaming task creates one producer every micro-batch (measured: list_topics 53 ms -> 2 ms).
+STREAM_PRODUCER_CONFIG: dict[str, Any] = {"enable.sparse.connections": False}
+
+
+def producer_config(kafka: str | Mapping[str, Any], *, streaming: bool = False) -> dict[str, Any]:
     """Defaults + the caller's config; ``kafka`` may be just the bootstrap servers string."""
     user = {"bootstrap.servers": kafka} if isinstance(kafka, str) else dict(kafka)
     if not user.get("bootstrap.servers"):
@@ -65,7 +71,7 @@ def producer_config(kafka: str | Mapping[str, Any]) -> dict[str, Any]:
                 f"do not set {forbidden} in kafka=...; the publisher derives transactional.id per "
                 "partition and takes transaction_timeout_ms= as an argument"
             )
-    return {**DEFAULT_PRODUCER_CONFIG, **user}
+    return {**DEFAULT_PRODUCER_CONFIG, **(STREAM_PRODUCER_CONFIG if streaming else {}), **user}
 
 
 def publish_outbox(

@@ -113,7 +113,7 @@ def parse(options: Mapping[str, str], schema: StructType, *, streaming: bool) ->
     return SinkSettings(
         job=job,
         run_id=run_id,
-        producer_config=producer_config(kafka),
+        producer_config=producer_config(kafka, streaming=streaming),
         outboxes=tuple(outboxes),
         headers=encode_headers(_json(opts, "headers", {})),
         ledger_topic=opts.get("ledger_topic", LEDGER_TOPIC),

@@ -115,7 +115,7 @@ def publish_outbox_stream(
     plan = BatchPlan(outboxes, key, partitions, transform)
     # MissingColumnError before touching Kafka: the plan applied to an empty micro-batch of the stream's schema
     compiled = plan.project(df.sparkSession.createDataFrame([], df.schema))[1]
-    conf = producer_config(kafka)
+    conf = producer_config(kafka, streaming=True)
     preflight(conf, [ob.topic for ob in compiled], ledger_topic, transaction_timeout_ms, connect_timeout_s)
     template = TaskSpec(
         job=job, run_id="", producer_config=conf, outboxes=tuple(compiled), ledger_topic=ledger_topic, ledger_since=0,

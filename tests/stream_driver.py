@@ -31,20 +31,23 @@ def source_frame(spark, bootstrap: str, topic: str, max_offsets: int):  # noqa: 
 
 
 def start(spark, engine: str, bootstrap: str, source: str, outbox: str, job: str, checkpoint: str,  # noqa: ANN001, ANN201
-          fault: str | None = None, max_offsets: int = 100):
+          fault: str | None = None, max_offsets: int = 100, transaction_timeout_ms: int | None = None):
     """The query, started (availableNow)."""
     from eosink.spark_jobs import Outbox, publish_outbox_stream
     from eosink.spark_jobs.faults import from_option
 
     df = source_frame(spark, bootstrap, source, max_offsets)
     if engine == "fn":
+        more = {"transaction_timeout_ms": transaction_timeout_ms} if transaction_timeout_ms else {}
         return publish_outbox_stream(df, Outbox(outbox, value="value"), key="k", job=job, checkpoint=checkpoint, kafka=bootstrap,
-                                     trigger={"availableNow": True}, fault_hook=from_option(fault) if fault else None)
+                                     trigger={"availableNow": True}, fault_hook=from_option(fault) if fault else None, **more)
     writer = (df.writeStream.format("eosink").option("topic", outbox).option("key", "k").option("job", job)
               .option("kafka.bootstrap.servers", bootstrap).option("checkpointLocation", checkpoint)
               .trigger(availableNow=True))
     if fault:
         writer = writer.option("fault_hook", fault)
+    if transaction_timeout_ms:
+        writer = writer.option("transaction_timeout_ms", str(transaction_timeout_ms))
     return writer.start()
 
 

@@ -189,6 +189,34 @@ def test_driver_killed_after_some_tasks_committed_then_restarted_publishes_each_
     assert len(killed) == 1 and killed[0]["rows"] > 0, "the killed driver's commit of one partition was kept, once"
 
 
+# -- the query stopped in the middle of a batch -------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["ds", "fn"])
+def test_a_query_stopped_mid_batch_leaves_no_transaction_open(spark, stack, make_topic, unique, tmp_path, engine):  # noqa: F811
+    from eosink.spark_jobs.faults import Hooks, InBatches, SleepAt, TouchAt, to_option
+
+    source, outbox = make_topic(3), make_topic(2)
+    produce(stack.kafka_bootstrap, source, 0, 300)
+    inside = tmp_path / "inside-a-transaction"
+    stall = InBatches(Hooks((TouchAt("after_first_batch", str(inside)), SleepAt("after_first_batch", 300))), frozenset({1}))
+    # A 10-minute transaction timeout: only the publisher's own abort can end the stalled transactions in time.
+    q = start(spark, engine, stack.kafka_bootstrap, source, outbox, unique, str(tmp_path / "ck"), to_option(stall),
+              transaction_timeout_ms=600_000)
+    deadline = time.monotonic() + 120
+    while not inside.exists():
+        assert time.monotonic() < deadline and q.isActive, "batch 1 never began its transactions"
+        time.sleep(0.2)
+    time.sleep(0.5)
+    q.stop()
+
+    # A read_committed read reaches the log end now: nothing of batch 1 is left open (else it stops at the LSO).
+    stopped = read_topic(stack.kafka_bootstrap, outbox, timeout_s=60)
+    assert len(read_topic(stack.kafka_bootstrap, outbox, isolation="read_uncommitted")) > len(stopped)
+    drain(spark, engine, stack, source, outbox, unique, tmp_path / "ck")
+    assert_exactly_once(read_topic(stack.kafka_bootstrap, outbox), keys(0, 300))
+
+
 # -- a replay that splits its rows differently ---------------------------------------------------
 
 
