@@ -36,6 +36,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -262,24 +263,18 @@ PUBLISHERS = ("eosink", "eosink-py", "plain", "spark")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap = common_arguments(__doc__)
     ap.add_argument("--partitions", type=int, default=4, help="Spark partitions (= eosink transactions)")
     ap.add_argument("--topic-partitions", type=int, default=4)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--master", default="local[2]")
-    ap.add_argument("--bootstrap", help="default: the local stack's Kafka")
     published.add_arguments(ap)
     args = ap.parse_args(argv)
 
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from eosink.spark_jobs.jobs._common import default_bootstrap
     from eosink.spark_jobs.session import build_session
 
-    bootstrap = args.bootstrap or default_bootstrap()
+    bootstrap = kafka_of(args)
     if not bootstrap:
-        print("no Kafka: pass --bootstrap or start the stack", file=sys.stderr)
         return 2
     spark = build_session(
         "eosink-bench", master=args.master, kafka_jars=True,
@@ -307,19 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         cpu: dict[str, list[dict[str, float]]] = {name: [] for name in PATHS}
         for r in range(args.repeat):
             for name, fn in PATHS.items():
-                before = meter.sample()
-                t0 = time.perf_counter()
-                n = fn(spark, df, bootstrap, f"{prefix}_{name}_{r}")
-                dt = time.perf_counter() - t0
-                after = meter.sample()
+                n = timed(meter, name, r, partial(fn, spark, df, bootstrap, f"{prefix}_{name}_{r}"), rates, cpu)
                 assert n == args.rows, f"{name} published {n} of {args.rows}"
-                rate = n / dt
-                rates[name].append(rate)
-                per_row = {k: 1e6 * (after[k] - before[k]) / n for k in after}
-                cpu[name].append(per_row)
-                print(f"  round {r + 1} {name:9} {dt:7.2f} s {rate:12,.0f} rec/s   CPU us/row: "
-                      + " ".join(f"{k} {v:4.2f}" for k, v in per_row.items())
-                      + f" = {sum(per_row.values()):4.2f}   load {os.getloadavg()[0]:.1f}", flush=True)
         report(rates, cpu, meter.broker is not None)
         conditions = (f"{args.rows:,} rows of {len(sample)}-byte JSON values, {args.partitions} Spark partitions, "
                       f"{args.topic_partitions} topic partitions, {args.master}, best of {args.repeat} interleaved rounds; "
@@ -328,11 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             "spark", title=TITLE, measures=MEASURES, baseline=BASELINE, conditions=conditions, unit="records/s",
             rows=figure_rows(rates, cpu), targets=figure_targets(rates), argv=argv))
     finally:
-        for f in admin.delete_topics(topics).values():
-            try:
-                f.result(30)
-            except Exception:  # noqa: BLE001 - best-effort cleanup of unique bench topics
-                pass
+        delete_topics(admin, topics)
         spark.stop()
     return 0
 
@@ -340,6 +320,51 @@ def main(argv: list[str] | None = None) -> int:
 def best_and_median(rates: dict[str, list[float]]) -> tuple[dict[str, float], dict[str, float]]:
     """Each path's best round (what the targets are judged on) and its median round."""
     return {name: max(r) for name, r in rates.items()}, {name: statistics.median(r) for name, r in rates.items()}
+
+
+def common_arguments(doc: str | None) -> argparse.ArgumentParser:
+    """The options every Spark publisher bench takes: rows, repeats, master, Kafka."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--bootstrap", help="default: the local stack's Kafka")
+    return ap
+
+
+def kafka_of(args: argparse.Namespace) -> str | None:
+    """``--bootstrap`` or the local stack's Kafka (None, said on stderr, when there is neither)."""
+    from eosink.spark_jobs.jobs._common import default_bootstrap
+
+    bootstrap = args.bootstrap or default_bootstrap()
+    if not bootstrap:
+        print("no Kafka: pass --bootstrap or start the stack", file=sys.stderr)
+    return bootstrap
+
+
+def timed(meter: ProcessCPU, name: str, round_no: int, run: Callable[[], int], rates: dict[str, list[float]],
+          cpu: dict[str, list[dict[str, float]]]) -> int:
+    """One run of a path: its rate and CPU per row added to ``rates``/``cpu``, one line printed; the rows."""
+    before = meter.sample()
+    t0 = time.perf_counter()
+    n = run()
+    dt = time.perf_counter() - t0
+    after = meter.sample()
+    rates[name].append(n / dt)
+    per_row = {k: 1e6 * (after[k] - before[k]) / n for k in after}
+    cpu[name].append(per_row)
+    print(f"  round {round_no + 1} {name:9} {dt:7.2f} s {n / dt:12,.0f} rec/s   CPU us/row: "
+          + " ".join(f"{k} {v:4.2f}" for k, v in per_row.items())
+          + f" = {sum(per_row.values()):4.2f}   load {os.getloadavg()[0]:.1f}", flush=True)
+    return n
+
+
+def delete_topics(admin, topics: list[str]) -> None:
+    for f in admin.delete_topics(topics).values():
+        try:
+            f.result(30)
+        except Exception:  # noqa: BLE001 - best-effort cleanup of unique bench topics
+            pass
 
 
 def report(rates: dict[str, list[float]], cpu: dict[str, list[dict[str, float]]], broker_seen: bool) -> None:

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from eosink.spark_jobs.outbox import Outbox
     from eosink.spark_jobs.publisher import PublishResult, publish_outbox
+    from eosink.spark_jobs.stream import publish_outbox_stream
 
-__all__ = ["Outbox", "PublishResult", "publish_outbox"]
+__all__ = ["Outbox", "PublishResult", "publish_outbox", "publish_outbox_stream"]
 
 
 def __getattr__(name: str) -> Any:
@@ -29,6 +30,10 @@ def __getattr__(name: str) -> Any:
         from eosink.spark_jobs import publisher
 
         return getattr(publisher, name)
+    if name == "publish_outbox_stream":
+        from eosink.spark_jobs.stream import publish_outbox_stream
+
+        return publish_outbox_stream
     if name == "Outbox":
         from eosink.spark_jobs.outbox import Outbox
 

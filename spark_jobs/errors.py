@@ -106,13 +106,23 @@ class LedgerError(RetryableError):
 
 
 class PartitioningChangedError(FatalError):
-    """A run id was partly published with a different number of partitions than this execution has."""
+    """A run id was partly published with a different number of partitions than this execution has.
 
-    def __init__(self, job: str, run_id: str, recorded: int, now: int) -> None:
+    For a streaming query the run is a micro-batch and this execution its replay after a restart;
+    ``advice`` then says what to keep unchanged instead of suggesting a new run id.
+    """
+
+    BATCH_ADVICE = "Re-run with the same input and partitions=..., or use a new run_id"
+    STREAM_ADVICE = (
+        "A replayed micro-batch must split its rows as the attempt it repeats did: restart with the partitioning "
+        "unchanged (publish_outbox_stream(partitions=N), spark.sql.shuffle.partitions, the source's partitions) "
+        "until this batch has completed; a new checkpoint needs a new job name"
+    )
+
+    def __init__(self, job: str, run_id: str, recorded: int, now: int, advice: str = BATCH_ADVICE) -> None:
         super().__init__(
             f"run '{job}/{run_id}' was partly published with {recorded} partitions but this execution has {now}; "
-            "the ledger is per partition, so resuming with another partitioning could duplicate records. "
-            "Re-run with the same input and partitions=..., or use a new run_id",
+            f"the ledger is per partition, so resuming with another partitioning could duplicate records. {advice}",
             component=COMPONENT,
         )
 

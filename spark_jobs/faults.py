@@ -6,9 +6,12 @@ not in a test module, so Spark's Python workers can unpickle it by reference.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from eosink.spark_jobs.task import FAULT_POINTS
 
@@ -118,3 +121,58 @@ class Hooks:
     def __call__(self, point: str, partition: int, attempt: int) -> None:
         for hook in self.hooks:
             hook(point, partition, attempt)
+
+
+@dataclass(frozen=True)
+class InBatches:
+    """``hook`` in the given micro-batches of a streaming query only (every call, outside streaming)."""
+
+    hook: Any
+    batches: frozenset[int]
+
+    def __call__(self, point: str, partition: int, attempt: int) -> None:
+        self.hook(point, partition, attempt)
+
+
+def for_batch(hook: Any, batch_id: int) -> Any:
+    """The hook that applies to micro-batch ``batch_id`` (``None``: none does)."""
+    if isinstance(hook, InBatches):
+        return hook.hook if batch_id in hook.batches else None
+    return hook
+
+
+_KINDS = {cls.__name__: cls for cls in (FailAt, SleepAt, TouchAt, WaitAt, Hooks, InBatches)}
+
+
+def to_option(hook: Any) -> str:
+    """A hook as the string option the ``eosink`` data source takes (``fault_hook``): JSON, never pickle,
+    so an option can only name the hooks of this module."""
+
+    def enc(v: Any) -> Any:
+        if type(v).__name__ in _KINDS and dataclasses.is_dataclass(v):
+            return {"kind": type(v).__name__, **{f.name: enc(getattr(v, f.name)) for f in dataclasses.fields(v)}}
+        if isinstance(v, frozenset):
+            return {"set": sorted(v)}
+        if isinstance(v, tuple):
+            return [enc(x) for x in v]
+        return v
+
+    return json.dumps(enc(hook))
+
+
+def from_option(text: str) -> Any:
+    """The hook :func:`to_option` encoded."""
+
+    def dec(v: Any) -> Any:
+        if isinstance(v, dict) and "kind" in v:
+            cls = _KINDS.get(v["kind"])
+            if cls is None:
+                raise ValueError(f"unknown fault hook {v['kind']!r}; one of {sorted(_KINDS)}")
+            return cls(**{k: dec(x) for k, x in v.items() if k != "kind"})
+        if isinstance(v, dict) and "set" in v:
+            return frozenset(v["set"])
+        if isinstance(v, list):
+            return tuple(dec(x) for x in v)
+        return v
+
+    return dec(json.loads(text))

@@ -52,7 +52,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from eosink.connectors.common.jsoncodec import decode, encode
 from eosink.spark_jobs.errors import COMPONENT, AuthorizationError, LedgerError
@@ -190,12 +190,13 @@ class LedgerReader:
         finally:
             consumer.unassign()
 
-    def scan(self, start: int, timeout_s: float) -> tuple[dict[str, list[tuple[int, bytes]]], int]:
-        """Step 1: every record (committed or not) in ``[start, end)`` by key, and ``end``."""
+    def scan(self, start: int, timeout_s: float, prefix: str = "") -> tuple[dict[str, list[tuple[int, bytes]]], int]:
+        """Step 1: every record (committed or not) in ``[start, end)`` by key, and ``end``; only keys
+        that start with ``prefix`` are kept (one job's, say, so a long ledger is read but not held)."""
         end = self.end_offset(timeout_s)
         found: dict[str, list[tuple[int, bytes]]] = {}
         for offset, key, value in self._read(self._uncommitted, start, end, timeout_s, "read_uncommitted"):
-            if key is not None and value is not None:
+            if key is not None and value is not None and key.startswith(prefix):
                 found.setdefault(key, []).append((offset, value))
         return found, max(start, end)
 
@@ -316,3 +317,21 @@ def lookup_committed(
                 tail.committed.update(tail.reader.committed({key: candidates}, timeout_s))
         raw = tail.committed.get(key)
     return LedgerEntry.from_bytes(raw) if raw is not None else None
+
+
+_PLAIN_PRODUCERS: dict[tuple[tuple[str, str], ...], Producer] = {}
+
+
+def write_plain(kafka: Mapping[str, Any], topic: str, key: str, value: bytes, timeout_s: float = 30.0) -> bool:
+    """One record written outside any transaction (a run marker, a fence record); whether it was confirmed.
+
+    One producer per process and cluster (a streaming driver writes one or two a micro-batch). Not
+    idempotent on purpose: an idempotent producer spends ~0.5 s acquiring a producer id before its
+    first send, and a duplicated record is harmless (same key, same value, compacted)."""
+    settings = client_config(kafka)
+    ident = tuple(sorted((k, str(v)) for k, v in settings.items()))
+    producer = _PLAIN_PRODUCERS.get(ident)
+    if producer is None:
+        producer = _PLAIN_PRODUCERS[ident] = Producer({**settings, "acks": "all", "linger.ms": 0})
+    producer.produce(topic, value, key, partition=0)
+    return producer.flush(timeout_s) == 0

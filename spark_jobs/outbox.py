@@ -15,6 +15,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType, StructType
 
+from eosink.connectors.api.errors import ConfigError
 from eosink.spark_jobs.errors import MissingColumnError
 
 # Nulls are written as JSON null rather than dropped: sinks see the same fields in every record.
@@ -120,3 +121,15 @@ def project(df: DataFrame, outboxes: Sequence[Outbox], default_key: str | None) 
             )
         )
     return projected, resolved
+
+
+def repartition_by_key(df: DataFrame, partitions: int | None, key: str | None, outboxes: Sequence[Outbox]) -> DataFrame:
+    """``df`` in ``partitions`` partitions by the hash of the key column (round robin without one): a split
+    that depends on the rows only, which a resumed run or a replayed micro-batch must repeat."""
+    if partitions is None:
+        return df
+    if partitions < 1:
+        raise ConfigError(f"partitions must be >= 1, got {partitions}", key="partitions", source="publish_outbox")
+    part_key = key or outboxes[0].key
+    return (df.repartition(partitions, df[part_key]) if part_key is not None and part_key in df.columns
+            else df.repartition(partitions))

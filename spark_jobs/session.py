@@ -74,4 +74,7 @@ def build_session(
         builder = builder.config(k, str(v))
     spark = builder.getOrCreate()
     ship_packages(spark)
+    from eosink.spark_jobs.datasource import register
+
+    register(spark)  # format("eosink")
     return spark

@@ -30,6 +30,7 @@ deterministic (Spark's own retry contract). The exactly-once guarantee above doe
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -48,7 +49,7 @@ from eosink.spark_jobs.errors import (
     TransactionFencedError,
 )
 from eosink.spark_jobs.ledger import LedgerEntry, entry_value, lookup_committed
-from eosink.spark_jobs.naming import ledger_key, record_id_prefix, transactional_id
+from eosink.spark_jobs.naming import ledger_key, record_id_prefix, stream_transactional_id, transactional_id
 from eosink.spark_jobs.outbox import CompiledOutbox
 from eosink.spark_jobs.produce import ProduceLoops, plain_outbox
 from eosink.spark_jobs.txn_errors import classify
@@ -63,6 +64,8 @@ PUBLISHED = "published"  # this attempt committed the partition
 COMMITTED_BY_EARLIER_ATTEMPT = "committed_by_earlier_attempt"  # same call, an earlier attempt committed
 SKIPPED = "skipped"  # an earlier call with the same run id committed it
 NEW_IN_THIS_CALL = (PUBLISHED, COMMITTED_BY_EARLIER_ATTEMPT)
+EMPTY = "empty"  # a micro-batch partition without rows: nothing to publish, no transaction (TaskSpec.stream)
+
 
 @dataclass(frozen=True)
 class TaskSpec:
@@ -86,6 +89,15 @@ class TaskSpec:
     call_id: str = ""  # one per publish_outbox call: tells "an earlier attempt of this call" apart
     #: The C produce loop where it applies (the driver's EOSINK_PUBLISHER_NATIVE=0 turns it off).
     native_produce: bool = True
+    #: A micro-batch of a streaming query (:mod:`eosink.spark_jobs.stream_task`): one transactional.id per
+    #: (job, partition), a partition known by its content, not its index; without rows, no transaction.
+    stream: bool = False
+    #: Streaming: the contents of the run committed before this attempt, by identity (see stream_task).
+    published_content: dict[str, LedgerEntry] = field(default_factory=dict)
+    #: Fields added to the partition's ledger entry (a micro-batch's query id and batch id).
+    entry_extra: dict[str, Any] = field(default_factory=dict)
+    #: The run's marker is in the ledger: every row of it is published, no task writes anything.
+    complete: bool = False
 
     @property
     def bootstrap(self) -> str:
@@ -124,7 +136,8 @@ class PartitionPublisher(ProduceLoops):
         self.spec = spec
         self.partition = partition
         self.attempt = attempt
-        self.tid = transactional_id(spec.job, spec.run_id, partition)
+        self.tid = (stream_transactional_id(spec.job, partition) if spec.stream
+                    else transactional_id(spec.job, spec.run_id, partition))
         self._prefix = record_id_prefix(spec.job, spec.run_id, partition)
         self._run = spec.run_id.encode()
         self._producer: Producer | None = None
@@ -176,11 +189,21 @@ class PartitionPublisher(ProduceLoops):
         """Fence earlier attempts, then check the ledger. Returns the committed entry if the
         partition is already published (then nothing must be written), else ``None``."""
         spec = self.spec
-        if self.partition in spec.known_published:
+        if spec.complete or self.partition in spec.known_published:
             # The driver saw it committed; committed is forever, no need to touch the coordinator.
             return LedgerEntry(spec.job, spec.run_id, self.partition, -1)
         self._hook("before_init")
         began = time.monotonic()
+        self._start_producer()
+        self._hook("after_init")
+        entry = self._committed_entry()
+        self._took("open", began)
+        self._hook("after_check")
+        return entry
+
+    def _start_producer(self) -> None:
+        """A transactional producer for this attempt's transactional.id, ``init_transactions`` done (fencing)."""
+        spec = self.spec
         conf = {
             **spec.producer_config,
             "transactional.id": self.tid,
@@ -204,18 +227,19 @@ class PartitionPublisher(ProduceLoops):
             except KafkaException:
                 pass  # a producer in a fatal state raises that state again: the error at hand says it
             raise self._fail(e, "init_transactions") from None
-        self._hook("after_init")
-        entry = lookup_committed(
-            spec.producer_config,
-            spec.ledger_topic,
-            ledger_key(spec.job, spec.run_id, self.partition),
-            spec.ledger_since,
-            spec.ledger_timeout_s,
-            pending=spec.pending.get(self.partition, ()),
-        )
-        self._took("open", began)
-        self._hook("after_check")
-        return entry
+
+    def _ledger_key(self) -> str:
+        return ledger_key(self.spec.job, self.spec.run_id, self.partition)
+
+    def _committed_entry(self) -> LedgerEntry | None:
+        """The ledger's committed entry for this partition (asked only once earlier attempts are fenced)."""
+        spec = self.spec
+        return lookup_committed(spec.producer_config, spec.ledger_topic, self._ledger_key(), spec.ledger_since,
+                                spec.ledger_timeout_s, pending=spec.pending.get(self.partition, ()))
+
+    def _entry_extra(self) -> dict[str, Any]:
+        """Fields the ledger entry adds to the spec's."""
+        return {}
 
     def _begin(self) -> None:
         assert self._producer is not None, "open() first"
@@ -269,8 +293,10 @@ class PartitionPublisher(ProduceLoops):
                     transactional_id=self.tid,
                     call_id=spec.call_id,
                     published_at_ms=int(time.time() * 1000),
+                    **spec.entry_extra,
+                    **self._entry_extra(),
                 ),
-                ledger_key(spec.job, spec.run_id, self.partition),
+                self._ledger_key(),
                 partition=0,
             )
             producer.flush(spec.transaction_timeout_ms / 1000)
@@ -341,6 +367,12 @@ class PartitionPublisher(ProduceLoops):
                 except KafkaException:
                     pass  # the task's outcome is decided; a teardown error changes nothing in Kafka
 
+    def empty(self) -> PartitionResult:
+        """No rows: nothing written, not even a ledger entry (a replay of an empty partition has nothing to repeat)."""
+        self._clean = True
+        return PartitionResult(self.partition, self.attempt, EMPTY, 0, {}, time.monotonic() - self._started_at, self.tid,
+                               dict(self.steps))
+
     def skipped(self, entry: LedgerEntry) -> PartitionResult:
         """Nothing written; ``records``/``topics`` are what the committed attempt published
         (``-1`` when the driver already knew, it has the numbers)."""
@@ -360,13 +392,26 @@ class PartitionPublisher(ProduceLoops):
 
 def publish_partition(spec: TaskSpec, partition: int, attempt: int, batches: Iterator[pa.RecordBatch]) -> PartitionResult:
     """One Spark task: open (fence + ledger check), write every batch, commit."""
-    pub = PartitionPublisher(spec, partition, attempt)
+    pub: PartitionPublisher
+    if spec.stream:
+        from eosink.spark_jobs.stream_task import StreamPartitionPublisher
+
+        pub = StreamPartitionPublisher(spec, partition, attempt)
+    else:
+        pub = PartitionPublisher(spec, partition, attempt)
+    rows = iter(batches)
     try:
+        if spec.stream:
+            waited = time.monotonic()
+            head = next((b for b in rows if b.num_rows), None)
+            pub._took("input", waited)
+            if head is None:
+                return pub.empty()
+            rows = itertools.chain([head], rows)
         done = pub.open()
         if done is not None:
             return pub.skipped(done)
         first = True
-        rows = iter(batches)
         while True:
             waited = time.monotonic()
             batch = next(rows, None)
@@ -380,5 +425,3 @@ def publish_partition(spec: TaskSpec, partition: int, attempt: int, batches: Ite
         return pub.commit()
     finally:
         pub.close()
-
-

@@ -1,4 +1,4 @@
-"""Balance aggregation with high-balance alerts (the transactional-outbox balance example), as a Spark batch job.
+"""Balance aggregation with high-balance alerts (the transactional-outbox balance example), as a Spark job.
 
 Transactions ``(txn_id, user_id, amount, ts)`` are summed per user; every user whose balance
 exceeds the threshold (10000.0 by default) gets an alert in the alerts outbox, and, when a balances
@@ -11,6 +11,12 @@ Input: ``--source`` is a Parquet/CSV/JSON path or ``kafka:<topic>`` (read with
 
     eosink spark run balance_alerts --source kafka:raw_transactions --alerts-topic alert_outbox --run-id r1
     spark-submit spark_jobs/jobs/balance_alerts.py --source /data/txns.parquet --alerts-topic alert_outbox
+
+With ``--stream`` it runs as a streaming query instead (:mod:`eosink.spark_jobs.jobs.balance_stream`):
+a running balance per user, every change to the balances outbox, every threshold crossing to the
+alerts outbox.
+
+    eosink spark run balance_alerts --stream --source kafka:raw_transactions --balances-topic balance_outbox
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import argparse
 import sys
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, StringType, StructField, StructType, TimestampType
 
@@ -66,15 +72,20 @@ def balances(transactions: DataFrame, threshold: float) -> DataFrame:
         "transactions",
         "last_ts",
         (F.col("balance") > F.lit(threshold)).alias("is_high"),
-        F.struct(
-            F.concat(F.lit("alert-"), F.col("user_id")).alias("alert_id"),
-            F.col("user_id"),
-            F.col("balance"),
-            F.lit(threshold).alias("threshold"),
-            F.format_string("High balance detected: %.2f", F.col("balance")).alias("message"),
-            F.col("last_ts").alias("as_of"),
-        ).alias("alert"),
+        alert(threshold),
     )
+
+
+def alert(threshold: float) -> Column:
+    """The alert record of a row with ``user_id``, ``balance`` and ``last_ts``."""
+    return F.struct(
+        F.concat(F.lit("alert-"), F.col("user_id")).alias("alert_id"),
+        F.col("user_id"),
+        F.col("balance"),
+        F.lit(threshold).alias("threshold"),
+        F.format_string("High balance detected: %.2f", F.col("balance")).alias("message"),
+        F.col("last_ts").alias("as_of"),
+    ).alias("alert")
 
 
 def run(
@@ -126,6 +137,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)
     parser.add_argument("--partitions", type=int, default=4, help="Spark partitions = transactions")
     parser.add_argument("--job", default=NAME)
+    from eosink.spark_jobs.jobs import balance_stream
+
+    balance_stream.add_arguments(parser)
 
 
 def needs_kafka_jars(args: argparse.Namespace) -> bool:
@@ -133,6 +147,10 @@ def needs_kafka_jars(args: argparse.Namespace) -> bool:
 
 
 def run_from_args(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
+    if args.stream:
+        from eosink.spark_jobs.jobs import balance_stream
+
+        return balance_stream.run_from_args(spark, args)
     return run(
         spark,
         run_id=args.run_id,

@@ -82,8 +82,62 @@ static PyObject *produce(PyObject *self, PyObject *args) {
     return Py_BuildValue("(ni)", i, err);
 }
 
+/* The content fingerprint of a streaming partition (see eosink/spark_jobs/fingerprint.py, which has the same
+ * function in Python): the sum, modulo 2^64, of one 64-bit hash per (key, value) row, so that the order of the
+ * rows does not change it. Words are read little-endian, as the Python version reads them. */
+#define FP_PRIME 0x9E3779B97F4A7C15ULL
+static inline uint64_t fmix64(uint64_t x) {
+    x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
+    return x;
+}
+
+static uint64_t hash_bytes(const uint8_t *p, int64_t len, uint64_t seed) {
+    uint64_t h = seed ^ ((uint64_t)len * FP_PRIME);
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * FP_PRIME;
+        h ^= h >> 32;
+    }
+    uint64_t t = 0;
+    for (int64_t j = 0; i + j < len; j++) t |= (uint64_t)p[i + j] << (8 * j);
+    return fmix64((h ^ fmix64(t ^ (uint64_t)(len - i))) * FP_PRIME);
+}
+
+#define FP_KEY_SEED 0x6b6579ULL
+#define FP_VALUE_SEED 0x76616c7565ULL
+#define FP_NULL 0x6e756c6cULL
+
+/* fingerprint(key_validity, key_offsets, key_data, key_offset, key_wide,
+ *             val_validity, val_offsets, val_data, val_offset, val_wide, n) -> int */
+static PyObject *fingerprint(PyObject *self, PyObject *args) {
+    PyObject *kv, *ko, *kd, *vv, *vo, *vd;
+    Py_ssize_t koff, voff, n;
+    int kwide, vwide;
+    if (!PyArg_ParseTuple(args, "OOOnpOOOnpn", &kv, &ko, &kd, &koff, &kwide, &vv, &vo, &vd, &voff, &vwide, &n))
+        return NULL;
+    Py_buffer kvb, kob, kdb, vvb, vob, vdb;
+    if (get_buf(kv, &kvb) || get_buf(ko, &kob) || get_buf(kd, &kdb) || get_buf(vv, &vvb) || get_buf(vo, &vob) || get_buf(vd, &vdb))
+        return NULL;
+    uint64_t sum = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t s = 0, l = 0;
+        uint64_t hk = fmix64(FP_KEY_SEED ^ FP_NULL), hv = fmix64(FP_VALUE_SEED ^ FP_NULL);
+        if (kob.buf && is_valid(kvb.buf, koff, i)) { slot(&kob, kwide, koff, i, &s, &l); hk = hash_bytes((const uint8_t *)kdb.buf + s, l, FP_KEY_SEED); }
+        if (vob.buf && is_valid(vvb.buf, voff, i)) { slot(&vob, vwide, voff, i, &s, &l); hv = hash_bytes((const uint8_t *)vdb.buf + s, l, FP_VALUE_SEED); }
+        sum += fmix64(hk * FP_PRIME + hv);
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&kvb); PyBuffer_Release(&kob); PyBuffer_Release(&kdb);
+    PyBuffer_Release(&vvb); PyBuffer_Release(&vob); PyBuffer_Release(&vdb);
+    return PyLong_FromUnsignedLongLong(sum);
+}
+
 static PyMethodDef methods[] = {
     {"produce", produce, METH_VARARGS, "Produce rows [first, n) of an Arrow key/value batch with the two eosink headers."},
+    {"fingerprint", fingerprint, METH_VARARGS, "The order-independent content fingerprint of an Arrow key/value batch."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_produce", NULL, -1, methods};

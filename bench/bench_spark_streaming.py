@@ -1,0 +1,193 @@
+"""Records/s of the exactly-once streaming publishers vs Spark's own Kafka sink, same streaming query, same run.
+
+    python bench/bench_spark_streaming.py [--rows 1000000] [--batch-rows 250000] [--repeat 3] [--bootstrap HOST:PORT]
+
+One source topic is filled once with ``--rows`` records (~200-byte JSON values, keyed). Every path runs
+the same streaming query over it - spark-sql-kafka's source read read_committed, ``--batch-rows``
+records a micro-batch (``maxOffsetsPerTrigger``), ``availableNow`` - from a fresh checkpoint into its
+own topic, and is timed from ``start()`` to the query's end:
+
+* ``eosink-ds`` - ``writeStream.format("eosink")``: the Python Data Source writer, one Kafka
+  transaction per partition and micro-batch, ledger entry, content fingerprint; exactly-once.
+* ``eosink-fn`` - ``publish_outbox_stream``: the same publish, planned per micro-batch in ``foreachBatch``.
+* ``spark``     - Spark's built-in Kafka sink (Java producer), the same key, value and two headers;
+  at-least-once.
+
+Producer settings are the publisher's defaults for every path (acks=all, idempotence, linger 20 ms,
+1 MB batches, lz4). Paths run ``--repeat`` times, interleaved; best and median are printed, the target
+(eosink >= 90% of Spark's sink) is judged on the best runs, as in ``bench_spark_publisher.py``, and
+every round also measures the CPU seconds per row of the Spark JVM, its Python workers and the broker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import uuid
+from functools import partial
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+from bench.bench_spark_publisher import (  # noqa: E402 - after the path set-up above
+    ProcessCPU,
+    common_arguments,
+    delete_topics,
+    kafka_of,
+    timed,
+)
+
+PATHS = ("eosink-ds", "eosink-fn", "spark")
+GUARANTEE = {"eosink-ds": "exactly-once", "eosink-fn": "exactly-once", "spark": "at-least-once"}
+
+
+def fill(bootstrap: str, topic: str, rows: int) -> int:
+    """``rows`` keyed records of ~200 bytes of JSON; returns the value size."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4",
+                  "queue.buffering.max.messages": 500_000})
+    size = 0
+    for i in range(rows):
+        value = json.dumps({"order_id": f"o-{i:010d}", "customer": f"c-{(i * 7919) % 100_000:06d}",
+                            "amount": round((i * 37) % 1_000_000 / 100, 2), "currency": "EUR", "items": i % 5 + 1,
+                            "ts": 1_700_000_000 + i, "digest": f"{(i * 2654435761) % 2**64:016x}" * 4,
+                            "shipping": "standard-shipping"}).encode()
+        size = len(value)
+        while True:
+            try:
+                p.produce(topic, value, f"o-{i:010d}".encode())
+                break
+            except BufferError:
+                p.poll(0.05)
+    assert p.flush(120) == 0
+    return size
+
+
+def source(spark, bootstrap: str, topic: str, batch_rows: int):
+    from pyspark.sql import functions as F
+
+    raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+           .option("startingOffsets", "earliest").option("kafka.isolation.level", "read_committed")
+           .option("maxOffsetsPerTrigger", batch_rows).load())
+    return raw.select(F.col("key").cast("string").alias("k"), "value", "partition", "offset")
+
+
+def start(name: str, df, bootstrap: str, topic: str, checkpoint: str, job: str):
+    """The path's query, started."""
+    from pyspark.sql import functions as F
+
+    from eosink.spark_jobs import Outbox, publish_outbox_stream
+    from eosink.spark_jobs.publisher import DEFAULT_PRODUCER_CONFIG
+
+    if name != "spark":
+        df = df.select("k", "value")
+    if name == "eosink-fn":
+        return publish_outbox_stream(df, Outbox(topic, value="value"), key="k", job=job, checkpoint=checkpoint,
+                                     kafka=bootstrap, trigger={"availableNow": True})
+    if name == "eosink-ds":
+        return (df.writeStream.format("eosink").option("topic", topic).option("key", "k").option("job", job)
+                .option("kafka.bootstrap.servers", bootstrap).option("checkpointLocation", checkpoint)
+                .trigger(availableNow=True).start())
+    out = df.select(
+        F.col("k").alias("key"), "value",
+        F.array(
+            F.struct(F.lit("eosink.id").alias("key"),
+                     F.concat_ws("/", F.lit(job), F.col("partition"), F.col("offset"))
+                     .cast("binary").alias("value")),
+            F.struct(F.lit("eosink.run").alias("key"), F.lit(job).cast("binary").alias("value")),
+        ).alias("headers"),
+    )
+    writer = (out.writeStream.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
+              .option("checkpointLocation", checkpoint).trigger(availableNow=True))
+    for k in ("acks", "linger.ms", "batch.size", "compression.type", "enable.idempotence"):
+        writer = writer.option(f"kafka.{k}", str(DEFAULT_PRODUCER_CONFIG[k]).lower())
+    return writer.start()
+
+
+def run_path(spark, name: str, bootstrap: str, src: str, dst: str, batch_rows: int, tmp: str) -> int:
+    """The path's query from start() to its end; the rows its micro-batches read."""
+    job = f"bench-{name}-{uuid.uuid4().hex[:8]}"
+    df = source(spark, bootstrap, src, batch_rows)
+    query = start(name, df, bootstrap, dst, f"{tmp}/{job}", job)
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(f"{name}: {query.exception()}")
+    return sum(json.loads(p.json)["numInputRows"] for p in query.recentProgress)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = common_arguments(__doc__)
+    ap.add_argument("--batch-rows", type=int, default=250_000, help="maxOffsetsPerTrigger")
+    ap.add_argument("--topic-partitions", type=int, default=4, help="of the source (= Spark partitions) and the outboxes")
+    args = ap.parse_args(argv)
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from eosink.spark_jobs.session import build_session
+
+    bootstrap = kafka_of(args)
+    if not bootstrap:
+        return 2
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    prefix = f"benchs_{uuid.uuid4().hex[:6]}"
+    src, warm_src = f"{prefix}_source", f"{prefix}_warm"
+    topics = [src, warm_src] + [f"{prefix}_{name.replace('-', '_')}_{i}" for name in PATHS for i in range(args.repeat + 1)]
+    for f in admin.create_topics([NewTopic(t, args.topic_partitions, 1) for t in topics]).values():
+        f.result(30)
+    spark = build_session("eosink-bench-streaming", master=args.master, kafka_jars=True, conf={
+        "spark.ui.enabled": "false", "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+        "spark.sql.shuffle.partitions": str(args.topic_partitions)})
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        size = fill(bootstrap, src, args.rows)
+        fill(bootstrap, warm_src, 20_000)
+        print(f"{args.rows:,} rows, {size}-byte JSON values, {args.batch_rows:,} a micro-batch, {args.topic_partitions} "
+              f"topic partitions, master {args.master}, Kafka {bootstrap}, load {os.getloadavg()[0]:.1f}")
+        with TemporaryDirectory(prefix="eosink-bench-ck-") as tmp:
+            for name in PATHS:  # warm-up: Python workers, JIT, producer connections, the ledger read
+                run_path(spark, name, bootstrap, warm_src, f"{prefix}_{name.replace('-', '_')}_{args.repeat}", 5_000, tmp)
+            meter = ProcessCPU(bootstrap)
+            rates: dict[str, list[float]] = {n: [] for n in PATHS}
+            cpu: dict[str, list[dict[str, float]]] = {n: [] for n in PATHS}
+            for r in range(args.repeat):
+                for name in PATHS:
+                    dst = f"{prefix}_{name.replace('-', '_')}_{r}"
+                    n = timed(meter, name, r, partial(run_path, spark, name, bootstrap, src, dst, args.batch_rows, tmp),
+                              rates, cpu)
+                    assert n == args.rows, f"{name} read {n} of {args.rows}"
+        report(rates, cpu, meter.broker is not None)
+    finally:
+        delete_topics(admin, topics)
+        spark.stop()
+    return 0
+
+
+def report(rates: dict[str, list[float]], cpu: dict[str, list[dict[str, float]]], broker_seen: bool) -> None:
+    best = {n: max(r) for n, r in rates.items()}
+    median = {n: statistics.median(r) for n, r in rates.items()}
+    print(f"\n{'path':9} {'guarantee':14} {'best rec/s':>12} {'median rec/s':>13} {'/spark best':>12} {'median':>7}")
+    for n in PATHS:
+        print(f"{n:9} {GUARANTEE[n]:14} {best[n]:12,.0f} {median[n]:13,.0f} {best[n] / best['spark']:12.0%} "
+              f"{median[n] / median['spark']:7.0%}")
+    med = {n: {k: statistics.median(c[k] for c in cs) for k in cs[0]} for n, cs in cpu.items()}
+    print(f"\nCPU per row (medians, us; the broker {'included' if broker_seen else 'not found on this machine'}):")
+    print(f"{'path':9} {'jvm':>6} {'python':>7} {'broker':>7} {'total':>7}")
+    for n, m in med.items():
+        print(f"{n:9} {m['jvm']:6.2f} {m['python']:7.2f} {m['broker']:7.2f} {sum(m.values()):7.2f}")
+    for n in ("eosink-ds", "eosink-fn"):
+        ratio = best[n] / best["spark"]
+        print(f"target {n} >= 90% of Spark's sink (best runs): " + ("met" if ratio >= 0.9 else "NOT met")
+              + f" ({ratio:.0%}; median {median[n] / median['spark']:.0%})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
