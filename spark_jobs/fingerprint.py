@@ -30,7 +30,9 @@ _KEY_SEED, _VALUE_SEED, _NULL = 0x6B6579, 0x76616C7565, 0x6E756C6C
 
 def batch_fingerprint(keys: pa.Array, values: pa.Array) -> int:
     """The fingerprint of the rows of two (large) binary or string columns."""
-    if _native is not None and keys.type in _OFFSET_KINDS and values.type in _OFFSET_KINDS:
+    # (An extension built from an older produce.c, as an install that was not redone leaves it, has no
+    # ``fingerprint``: the Python function then, as without the extension.)
+    if getattr(_native, "fingerprint", None) is not None and keys.type in _OFFSET_KINDS and values.type in _OFFSET_KINDS:
         kb, vb = keys.buffers(), values.buffers()
         result: int = _native.fingerprint(kb[0], kb[1], kb[2], keys.offset, _OFFSET_KINDS[keys.type],
                                           vb[0], vb[1], vb[2], values.offset, _OFFSET_KINDS[values.type], len(values))
