@@ -241,6 +241,15 @@ def timeline(events: list[dict[str, Any]], connector: str, posted_at: float) -> 
     return marks
 
 
+def wait_ready(base: str, proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float = 60) -> None:
+    """Until the worker at ``base`` answers ``/ready``; an error naming its log if it exits or never does."""
+    deadline = time.monotonic() + timeout_s
+    while not _ready(base):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"worker did not become ready (see {log_path})")
+        time.sleep(0.1)
+
+
 def run_e2e(args: argparse.Namespace, ep: Any, topic: str, tag: str, logdir: Path) -> dict[str, Any]:
     n = args.records
     cluster, name, table = f"bench-e2e-{tag}", f"bench-e2e-{tag}", f"bench_e2e_{tag}"
@@ -268,11 +277,7 @@ def run_e2e(args: argparse.Namespace, ep: Any, topic: str, tag: str, logdir: Pat
         config[f"consumer.override.{k}"] = v
     result: dict[str, Any] = {"connector_config": {k: v for k, v in config.items() if k != "connection.url"}}
     try:
-        deadline = time.monotonic() + 60
-        while not _ready(base):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"worker did not become ready (see {log_path})")
-            time.sleep(0.1)
+        wait_ready(base, proc, log_path)
         if args.py_spy:
             fmt = {".svg": "flamegraph", ".json": "speedscope"}.get(Path(args.py_spy).suffix, "raw")
             spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "-o", args.py_spy, "-f", fmt,

@@ -40,7 +40,7 @@ from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from bench import report as published  # noqa: E402
-from bench.bench_e2e import _ready, free_port, http  # noqa: E402
+from bench.bench_e2e import free_port, http, wait_ready  # noqa: E402
 from eosink.worker.stack.endpoints import load_endpoints  # noqa: E402
 
 
@@ -94,11 +94,7 @@ def run(ep: Any, args: argparse.Namespace, early: bool, logdir: Path) -> dict[st
     seen: dict[int, float] = {}
     stop = threading.Event()
     try:
-        deadline = time.monotonic() + 60
-        while not _ready(base):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"worker did not become ready (see {log_path})")
-            time.sleep(0.1)
+        wait_ready(base, proc, log_path)
         status, body = http("POST", f"{base}/connectors", {"name": name, "config": config})
         if status != 201:
             raise RuntimeError(f"POST /connectors: {status} {body}")
