@@ -80,24 +80,27 @@ def replace_block(text: str, block: str, where: str) -> str:
     return text[:start] + block + text[end + len(END):]
 
 
-def stale_pages(docs: Path) -> list[str]:
-    """The generated pages under ``docs`` that differ from what the declarations make now."""
-    stale = []
-    if (docs / "configuration.md").read_text() != render_markdown() + "\n":
-        stale.append(str(docs / "configuration.md"))
+def _current(docs: Path) -> dict[Path, tuple[str, str]]:
+    """Each generated page under ``docs``: (its text now, the text the declarations make)."""
+    pages = {docs / "configuration.md": render_markdown() + "\n"}
+    out = {path: (path.read_text(), want) for path, want in pages.items()}
     for alias in PAGES:
         page = docs / "connectors" / f"{alias}.md"
         text = page.read_text()
-        if replace_block(text, render_connector_block(alias), str(page)) != text:
-            stale.append(str(page))
-    return stale
+        out[page] = (text, replace_block(text, render_connector_block(alias), str(page)))
+    return out
+
+
+def stale_pages(docs: Path) -> list[str]:
+    """The generated pages under ``docs`` that differ from what the declarations make now."""
+    return [str(path) for path, (now, want) in _current(docs).items() if now != want]
 
 
 def write_docs(docs: Path) -> list[str]:
-    """Rewrite the generated pages under ``docs``; returns the ones that changed."""
-    changed = stale_pages(docs)
-    (docs / "configuration.md").write_text(render_markdown() + "\n")
-    for alias in PAGES:
-        page = docs / "connectors" / f"{alias}.md"
-        page.write_text(replace_block(page.read_text(), render_connector_block(alias), str(page)))
+    """Rewrite the stale generated pages under ``docs``; returns them."""
+    changed = []
+    for path, (now, want) in _current(docs).items():
+        if now != want:
+            path.write_text(want)
+            changed.append(str(path))
     return changed
