@@ -25,6 +25,7 @@ import copy
 import os
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,20 @@ class KubePlay:
     def state(self, container: str) -> tuple[str, int]:
         out = self.podman("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", container).split()
         return out[0], int(out[1])
+
+    def restart(self, pod: str, timeout: float = 30) -> None:
+        """Start a pod again after its container died, as the kubelet restarts a crashed container.
+
+        kube play gives pods the exit policy "stop": once the container dies podman stops the pod's
+        infra container too, asynchronously. Starting the container alone races that stop (runc then
+        finds no namespaces to join), so wait until the pod has exited and start the whole pod.
+        """
+        deadline = time.monotonic() + timeout
+        while (state := self.podman("pod", "inspect", pod, "--format", "{{.State}}").strip()) != "Exited":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pod {pod} still {state} {timeout:.0f} s after its container died")
+            time.sleep(0.2)
+        self.podman("pod", "start", pod)
 
     def logs(self, container: str) -> str:
         r = subprocess.run(["podman", "logs", container], env=self.env, capture_output=True, text=True, check=False)

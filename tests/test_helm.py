@@ -299,7 +299,7 @@ def test_chart_pods_under_podman_deliver_a_chart_applied_connector_exactly_once_
         play.podman("kill", "--signal", "KILL", workers[names[2]])
         cd._wait(lambda: play.state(workers[names[2]])[0] != "running", 30, "the killed worker to die")
         assert play.state(workers[names[2]])[1] == 137
-        play.podman("start", workers[names[2]])
+        play.restart(names[2])
         cd._wait(lambda: _get(_probe_urls(sts, ports[2])["readinessProbe"]) == 200, 90, "the killed worker back")
 
         assert publisher.is_alive(), "the stop must land mid-delivery"
