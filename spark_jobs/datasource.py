@@ -48,6 +48,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from eosink.connectors.api.errors import ConfigError
+from eosink.spark_jobs import worker_overheads
 from eosink.spark_jobs.errors import PublishError
 from eosink.spark_jobs.faults import for_batch
 from eosink.spark_jobs.fencing import fence
@@ -79,12 +80,14 @@ class EosinkDataSource(DataSource):
         return NAME
 
     def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
+        worker_overheads.install()  # runs in a Python worker Spark reuses for every query's planning
         if overwrite:
             raise ConfigError("an outbox is append-only: write with mode('append'), not mode('overwrite')", key="mode",
                               source=SOURCE)
         return BatchWriter(parse(self.options, schema, streaming=False))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> StreamWriter:
+        worker_overheads.install()  # the same worker plans every micro-batch of the query
         if overwrite:
             raise ConfigError("outputMode('complete') would publish the whole result table again every micro-batch; "
                               "use outputMode('append') (or publish_outbox_stream(output_mode='update'))",
@@ -168,6 +171,10 @@ class StreamWriter(DataSourceStreamArrowWriter):
         if self.runs is None:
             self._prepare()
         return self.__dict__
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        worker_overheads.install()  # unpickled in the query's commit worker too, once per micro-batch
+        self.__dict__.update(state)
 
     def _prepare(self) -> None:
         """On the driver, once per micro-batch: the broker checks (once per process) and the job's ledger.

@@ -39,7 +39,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import KafkaException, Producer
 
-from eosink.spark_jobs import kafka_checks, zip_caches
+from eosink.spark_jobs import kafka_checks, worker_overheads
 from eosink.spark_jobs import native as native_produce
 from eosink.spark_jobs.errors import (
     COMPONENT,
@@ -392,7 +392,7 @@ class PartitionPublisher(ProduceLoops):
 
 def publish_partition(spec: TaskSpec, partition: int, attempt: int, batches: Iterator[pa.RecordBatch]) -> PartitionResult:
     """One Spark task: open (fence + ledger check), write every batch, commit."""
-    zip_caches.install()  # the worker's next tasks start without re-reading pyspark.zip
+    worker_overheads.install()  # the worker's next tasks: no re-read of pyspark.zip, a shorter gc.collect()
     pub: PartitionPublisher
     if spec.stream:
         from eosink.spark_jobs.stream_task import StreamPartitionPublisher
