@@ -69,11 +69,11 @@ helm-template: venv
 	@$(PY) -m eosink.worker.stack.helm template eosink deploy/helm/eosink $(HELM_ARGS)
 
 # Benchmarks (ratios against a baseline measured in the same script): `make bench-worker`, ...
-BENCHES := bench-e2e bench-worker bench-cluster bench-postgres bench-s3 bench-http bench-iceberg bench-spark bench-latency
+BENCHES := bench-e2e bench-worker bench-cluster bench-postgres bench-s3 bench-http bench-iceberg bench-spark bench-latency bench-stream-latency
 bench: $(BENCHES)
-# bench-X runs bench/bench_X.py, bench/bench_X_sink.py or bench/bench_X_publisher.py, whichever exists.
+# bench-X runs bench/bench_X.py (dashes as underscores), bench/bench_X_sink.py or bench/bench_X_publisher.py, whichever exists.
 $(BENCHES): bench-%: stack
-	$(PY) $(firstword $(wildcard bench/bench_$*.py bench/bench_$*_sink.py bench/bench_$*_publisher.py)) $(BENCH_ARGS)
+	$(PY) $(firstword $(wildcard bench/bench_$(subst -,_,$*).py bench/bench_$*_sink.py bench/bench_$*_publisher.py)) $(BENCH_ARGS)
 
 # 20 minutes: a producer, three workers, a random worker kill -9'd every ~30 s; prints each
 # worker's RSS and open fds as it goes, then counts the sink (SOAK_ARGS="--minutes 5" to shorten).
