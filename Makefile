@@ -10,7 +10,7 @@ EOSINK := $(VENV)/bin/eosink
 PIP_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt setup.py spark_jobs/native/produce.c | sha1sum | cut -c1-12)
 
-.PHONY: venv stack secure-stack demo secure-demo test docs observe down clean bench soak images container-demo helm-template $(BENCHES)
+.PHONY: venv stack secure-stack demo stream-demo secure-demo test docs observe down clean bench soak images container-demo helm-template $(BENCHES)
 
 $(STAMP):
 	@test -x $(PY) || $(PY_SYS) -m venv $(VENV)
@@ -31,6 +31,10 @@ secure-stack: venv
 
 demo: stack
 	$(EOSINK) demo
+
+# The streaming example end to end: balance_alerts --stream, its driver SIGKILLed once, PostgreSQL + HTTP counted.
+stream-demo: stack
+	$(EOSINK) demo --stream
 
 # The demo on the secure stack: every step as its least-privilege principal, over TLS.
 secure-demo: secure-stack

@@ -2,7 +2,7 @@
 
 A source topic receives a deterministic set of account transactions (and one transaction that is
 aborted); ``eosink spark run balance_alerts --stream`` keeps a running balance per user (update mode,
-10 records a micro-batch, ``availableNow``) and publishes every balance change to a balances outbox and
+20 records a micro-batch, ``availableNow``) and publishes every balance change to a balances outbox and
 every threshold crossing to an alerts outbox, in the same Kafka transaction; one worker delivers the
 balances into PostgreSQL and the alerts to the HTTP reference server (started here). The streaming
 driver is killed once mid-way (SIGKILL to its process group: the Python driver and its JVM) as soon
@@ -35,7 +35,7 @@ from eosink.connectors.api.errors import EosinkError
 from eosink.worker.stack.demo import _free_port, _row, _step, _wait_ready
 
 THRESHOLD = 1000.0
-PER_BATCH = 10
+PER_BATCH = 20  # records a micro-batch (maxOffsetsPerTrigger): the batches, and so the balance changes, are known
 TRANSACTIONS = 60
 ABORTED_USER = "u-aborted"  # the aborted transaction's user: no balance, no alert may ever name it
 
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="eosink demo --stream")
     ap.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--no-kill", action="store_true", help="run the driver once, without killing it mid-way")
-    ap.add_argument("--kill-at-batch", type=int, default=3, help="SIGKILL the driver once this micro-batch started")
+    ap.add_argument("--kill-at-batch", type=int, default=2, help="SIGKILL the driver once this micro-batch started")
     ap.add_argument("--timeout", type=float, default=240)
     ap.add_argument("--dir", type=Path, help="where the checkpoint, the HTTP server's data and the logs go "
                                                "(default: $EOSINK_HOME/demo-stream/<run>)")
