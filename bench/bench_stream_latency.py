@@ -80,14 +80,16 @@ class Batches:
 
 
 def start_query(spark: Any, bootstrap: str, source: str, outbox: str, trigger_ms: float, checkpoint: str,
-                on_batch: Batches) -> Any:
+                on_batch: Batches, source_options: dict[str, str]) -> Any:
     from pyspark.sql import functions as F
 
     from eosink.spark_jobs import Outbox, publish_outbox_stream
 
     raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", source)
-           .option("startingOffsets", "earliest").option("kafka.isolation.level", "read_committed").load())
-    df = raw.select(F.get_json_object(F.col("value").cast("string"), "$.id").cast("long").alias("id"),
+           .option("startingOffsets", "earliest").option("kafka.isolation.level", "read_committed"))
+    for k, v in source_options.items():
+        raw = raw.option(k, v)
+    df = raw.load().select(F.get_json_object(F.col("value").cast("string"), "$.id").cast("long").alias("id"),
                     (F.unix_micros(F.current_timestamp()) / 1e6).alias("batch_at"))
     return publish_outbox_stream(df, Outbox(outbox, value=["id", "batch_at"]), key="id", job=f"bench-{outbox}",
                                  checkpoint=checkpoint, kafka=bootstrap,
@@ -118,7 +120,8 @@ def run_stream(ep: Any, args: argparse.Namespace, logdir: Path) -> dict[str, Any
         status, body = http("POST", f"{base}/connectors", {"name": name, "config": config})
         if status != 201:
             raise RuntimeError(f"POST /connectors: {status} {body}")
-        query = start_query(spark, ep.kafka_bootstrap, source, outbox, args.trigger_ms, str(logdir / f"ck-{tag}"), batches)
+        query = start_query(spark, ep.kafka_bootstrap, source, outbox, args.trigger_ms, str(logdir / f"ck-{tag}"), batches,
+                            dict(o.split("=", 1) for o in args.source_option))
         # Warm-up: the query's first batches and the table's creation, then the measured trickle.
         conn = psycopg.connect(ep.postgres_dsn, autocommit=True)
         wait = time.monotonic() + 120
@@ -188,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     trickle_arguments(ap, seconds=60.0)
     ap.add_argument("--trigger-ms", type=float, default=1000.0)
     ap.add_argument("--baseline-seconds", type=float, default=20.0)
+    ap.add_argument("--source-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an option of the query's Kafka source, e.g. kafka.fetch.max.wait.ms=10")
     args = ap.parse_args(argv)
     ep = load_endpoints()
     logdir = Path(tempfile.mkdtemp(prefix="bench-stream-latency-"))
