@@ -152,11 +152,11 @@ def _seen(dsn: str, names: Names) -> tuple[Counter, Counter, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="eosink demo --stream")
+    ap = argparse.ArgumentParser(prog="eosink demo --stream", description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--no-kill", action="store_true", help="run the driver once, without killing it mid-way")
     ap.add_argument("--kill-at-batch", type=int, default=2, help="SIGKILL the driver once this micro-batch started")
-    ap.add_argument("--timeout", type=float, default=240)
+    ap.add_argument("--timeout", type=float, default=240, help="seconds for each driver run, and for the delivery")
     ap.add_argument("--dir", type=Path, help="where the checkpoint, the HTTP server's data and the logs go "
                                                "(default: $EOSINK_HOME/demo-stream/<run>)")
     args = ap.parse_args(argv)
@@ -226,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
             changes, alerts, prepared = _seen(ep.postgres_dsn, names)
         time.sleep(2.0)  # two more commit intervals: anything extra would show now
         changes, alerts, prepared = _seen(ep.postgres_dsn, names)
+        for c in _connectors(names, ep.postgres_dsn, ""):  # the worker's cluster keeps nothing of the run
+            urllib.request.urlopen(urllib.request.Request(f"{url}/connectors/{c['name']}", method="DELETE"), timeout=30).close()
     finally:
         for p in reversed(procs):
             p.send_signal(signal.SIGTERM)
