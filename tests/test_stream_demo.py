@@ -41,4 +41,5 @@ def test_stream_demo_counts_every_balance_change_and_crossing_once_through_a_kil
             with psycopg.connect(stack.postgres_dsn, autocommit=True) as conn:
                 conn.execute(f'DROP TABLE IF EXISTS "{table.group(1)}"')
             admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
-            admin.delete_topics([f"demo-stream-{kind}-{tag}" for kind in ("txns", "balances", "alerts")])
+            for f in admin.delete_topics([f"demo-stream-{kind}-{tag}" for kind in ("txns", "balances", "alerts")]).values():
+                f.result(30)
