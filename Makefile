@@ -10,7 +10,7 @@ EOSINK := $(VENV)/bin/eosink
 PIP_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt setup.py spark_jobs/native/produce.c | sha1sum | cut -c1-12)
 
-.PHONY: venv stack secure-stack demo secure-demo test docs observe down clean bench soak images container-demo helm-template $(BENCHES)
+.PHONY: venv stack secure-stack demo stream-demo secure-demo test docs observe down clean bench soak images container-demo helm-template $(BENCHES)
 
 $(STAMP):
 	@test -x $(PY) || $(PY_SYS) -m venv $(VENV)
@@ -31,6 +31,10 @@ secure-stack: venv
 
 demo: stack
 	$(EOSINK) demo
+
+# The streaming example end to end: balance_alerts --stream, its driver SIGKILLed once, PostgreSQL + HTTP counted.
+stream-demo: stack
+	$(EOSINK) demo --stream
 
 # The demo on the secure stack: every step as its least-privilege principal, over TLS.
 secure-demo: secure-stack
@@ -69,11 +73,11 @@ helm-template: venv
 	@$(PY) -m eosink.worker.stack.helm template eosink deploy/helm/eosink $(HELM_ARGS)
 
 # Benchmarks (ratios against a baseline measured in the same script): `make bench-worker`, ...
-BENCHES := bench-e2e bench-worker bench-cluster bench-postgres bench-s3 bench-http bench-iceberg bench-spark bench-spark-streaming bench-latency
+BENCHES := bench-e2e bench-worker bench-cluster bench-postgres bench-s3 bench-http bench-iceberg bench-spark bench-spark-streaming bench-latency bench-stream-latency
 bench: $(BENCHES)
 # bench-X runs bench/bench_X.py (dashes as underscores), bench/bench_X_sink.py or bench/bench_X_publisher.py, whichever exists.
 $(BENCHES): bench-%: stack
-	$(PY) $(firstword $(wildcard $(foreach f,bench_$(subst -,_,$*) bench_$*_sink bench_$*_publisher,bench/$(f).py))) $(BENCH_ARGS)
+	$(PY) $(firstword $(wildcard bench/bench_$(subst -,_,$*).py bench/bench_$*_sink.py bench/bench_$*_publisher.py)) $(BENCH_ARGS)
 
 # 20 minutes: a producer, three workers, a random worker kill -9'd every ~30 s; prints each
 # worker's RSS and open fds as it goes, then counts the sink (SOAK_ARGS="--minutes 5" to shorten).

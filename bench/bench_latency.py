@@ -72,20 +72,42 @@ def trickle(bootstrap: str, topic: str, seconds: float, every_s: float, per_txn:
         time.sleep(max(0.0, every_s - (time.monotonic() - started)))
 
 
+def start_worker(ep: Any, cluster: str, log_path: Path) -> tuple[subprocess.Popen, str, Path]:
+    """One real worker process (``eosink worker``) of its own cluster: the process, its REST base URL, its log."""
+    port = free_port()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "eosink.worker.clients.cli", "worker", "--bootstrap-servers", ep.kafka_bootstrap,
+             "--zookeeper", ep.zookeeper_hosts, "--cluster", cluster, "--worker-id", "w1", "--rest-port", str(port),
+             "--rest-host", "127.0.0.1"], cwd=REPO, env={**os.environ, "EOSINK_LOG_FORMAT": "json"},
+            stdout=log, stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}", log_path
+
+
+def watch(conn: Any, select: str, trickle_thread: threading.Thread, committed: dict[int, float],
+          args: argparse.Namespace) -> dict[int, tuple[Any, ...]]:
+    """Poll ``select`` (``id`` first) every ``--poll-ms`` until the trickle ended and every id it committed showed:
+    ``{id: (when it first showed, the row's other columns...)}``."""
+    seen: dict[int, tuple[Any, ...]] = {}
+    end = time.monotonic() + args.seconds + 15
+    while time.monotonic() < end:
+        now = time.monotonic()
+        for i, *rest in conn.execute(f"{select} WHERE id < %s", (WARM_UP_IDS,)):
+            if i not in seen:
+                seen[i] = (now, *rest)
+        if not trickle_thread.is_alive() and len(seen) >= len(committed):
+            break
+        time.sleep(args.poll_ms / 1000)
+    trickle_thread.join()
+    return seen
+
+
 def run(ep: Any, args: argparse.Namespace, early: bool, logdir: Path) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:8]
     topic, table, name = f"bench-latency-{tag}", f"bench_latency_{tag}", f"bench-latency-{tag}"
     admin = AdminClient({"bootstrap.servers": ep.kafka_bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    log_path = logdir / f"worker-{tag}.log"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "eosink.worker.clients.cli", "worker", "--bootstrap-servers", ep.kafka_bootstrap,
-             "--zookeeper", ep.zookeeper_hosts, "--cluster", name, "--worker-id", "w1", "--rest-port", str(port),
-             "--rest-host", "127.0.0.1"], cwd=REPO, env={**os.environ, "EOSINK_LOG_FORMAT": "json"},
-            stdout=log, stderr=subprocess.STDOUT)
+    proc, base, log_path = start_worker(ep, name, logdir / f"worker-{tag}.log")
     config = {"connector.class": "postgres", "topics": topic, "connection.url": ep.postgres_dsn,
               "table.name.format": table, "auto.create": "true"}
     if not early:
@@ -109,15 +131,7 @@ def run(ep: Any, args: argparse.Namespace, early: bool, logdir: Path) -> dict[st
         t = threading.Thread(target=trickle, args=(ep.kafka_bootstrap, topic, args.seconds, args.every_ms / 1000,
                                                    args.txn_records, committed, stop))
         t.start()
-        end = time.monotonic() + args.seconds + 10
-        while time.monotonic() < end:
-            now = time.monotonic()
-            for (i,) in conn.execute(f'SELECT id FROM "{table}" WHERE id < %s', (WARM_UP_IDS,)):
-                seen.setdefault(i, now)
-            if not t.is_alive() and len(seen) >= len(committed):
-                break
-            time.sleep(args.poll_ms / 1000)
-        t.join()
+        seen = {i: row[0] for i, row in watch(conn, f'SELECT id FROM "{table}"', t, committed, args).items()}
     finally:
         stop.set()
         proc.terminate()
@@ -150,13 +164,18 @@ def figure_of(args: argparse.Namespace, early: dict[str, Any], full: dict[str, A
         argv=sys.argv[1:] if argv is None else argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seconds", type=float, default=20.0)
+def trickle_arguments(ap: argparse.ArgumentParser, seconds: float) -> None:
+    """The trickle's shape, the table's polling and ``--publish``, shared with ``bench_stream_latency.py``."""
+    ap.add_argument("--seconds", type=float, default=seconds)
     ap.add_argument("--every-ms", type=float, default=100.0)
     ap.add_argument("--txn-records", type=int, default=10)
     ap.add_argument("--poll-ms", type=float, default=10.0)
     published.add_arguments(ap)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    trickle_arguments(ap, seconds=20.0)
     args = ap.parse_args(argv)
     ep = load_endpoints()
     logdir = Path(tempfile.mkdtemp(prefix="bench-latency-"))

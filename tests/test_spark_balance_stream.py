@@ -23,31 +23,15 @@ PER_BATCH = 10
 
 
 def transactions(lo: int, hi: int) -> list[dict]:
-    """Five users: u-0 climbs 300 a time, u-1 swings +700/-500, u-2..u-4 move by small amounts."""
-    out = []
-    for i in range(lo, hi):
-        user = i % 5
-        amount = {0: 300.0, 1: 700.0 if (i // 5) % 2 == 0 else -500.0}.get(user, float((i % 7) - 3))
-        out.append({"txn_id": f"t-{i:05d}", "user_id": f"u-{user}", "amount": amount, "ts": f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}Z"})
-    return out
+    from eosink.spark_jobs.jobs.balance_stream import sample_transactions
+
+    return sample_transactions(lo, hi)
 
 
 def expected(rows: list[dict]) -> tuple[Counter, Counter]:
-    """(user, balance, transactions) per micro-batch for each touched user, and (user, balance) per crossing."""
-    balance: dict[str, float] = {}
-    count: Counter = Counter()
-    changes, crossings = Counter(), Counter()
-    for b in range(0, len(rows), PER_BATCH):
-        before = dict(balance)
-        for r in rows[b:b + PER_BATCH]:
-            balance[r["user_id"]] = balance.get(r["user_id"], 0.0) + r["amount"]
-            count[r["user_id"]] += 1
-        for user in {r["user_id"] for r in rows[b:b + PER_BATCH]}:
-            now = round(balance[user], 2)
-            changes[(user, now, count[user])] += 1
-            if round(before.get(user, 0.0), 2) <= THRESHOLD < now:
-                crossings[(user, now)] += 1
-    return changes, crossings
+    from eosink.spark_jobs.jobs.balance_stream import expected_outboxes
+
+    return expected_outboxes(rows, PER_BATCH, THRESHOLD)
 
 
 def test_balance_alerts_stream_publishes_every_balance_change_and_every_crossing_once(spark, stack, make_topic, unique,  # noqa: F811

@@ -60,6 +60,38 @@ def balance_changes(batch: DataFrame, threshold: float) -> DataFrame:
     return changes.select(*BALANCE_COLUMNS, crossed.alias("crossed"), alert(threshold))
 
 
+def sample_transactions(lo: int, hi: int) -> list[dict[str, Any]]:
+    """Deterministic transactions ``lo..hi-1`` of five users: u-0 climbs 300 a time, u-1 swings +700/-500, u-2..u-4
+    move by small amounts (the streaming tests and ``eosink demo --stream``)."""
+    out = []
+    for i in range(lo, hi):
+        user = i % 5
+        amount = {0: 300.0, 1: 700.0 if (i // 5) % 2 == 0 else -500.0}.get(user, float((i % 7) - 3))
+        out.append({"txn_id": f"t-{i:05d}", "user_id": f"u-{user}", "amount": amount,
+                    "ts": f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}Z"})
+    return out
+
+
+def expected_outboxes(rows: list[dict[str, Any]], per_batch: int, threshold: float) -> tuple[Counter, Counter]:
+    """What the query publishes for ``rows`` read ``per_batch`` a micro-batch: ``(user, balance, transactions)`` per
+    batch for each user it touched (the balances outbox), and ``(user, balance)`` per crossing (the alerts)."""
+    balance: dict[str, float] = {}
+    count: Counter[str] = Counter()
+    changes: Counter[tuple[str, float, int]] = Counter()
+    crossings: Counter[tuple[str, float]] = Counter()
+    for b in range(0, len(rows), per_batch):
+        before = dict(balance)
+        for r in rows[b:b + per_batch]:
+            balance[r["user_id"]] = balance.get(r["user_id"], 0.0) + r["amount"]
+            count[r["user_id"]] += 1
+        for user in {r["user_id"] for r in rows[b:b + per_batch]}:
+            now = round(balance[user], 2)
+            changes[(user, now, count[user])] += 1
+            if round(before.get(user, 0.0), 2) <= threshold < now:
+                crossings[(user, now)] += 1
+    return changes, crossings
+
+
 def default_checkpoint(job: str) -> str:
     home = Path(os.environ.get("EOSINK_HOME") or Path.cwd() / ".eosink")
     return str(home / "spark" / "checkpoints" / job)
@@ -116,11 +148,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--available-now", action="store_true", help="process what the topic holds, then stop")
     group.add_argument("--trigger-seconds", type=float, default=5.0, help="micro-batch interval")
     group.add_argument("--max-offsets-per-trigger", type=int, help="at most this many records a micro-batch")
+    group.add_argument("--state-partitions", type=int, default=4,
+                       help="partitions of the running balances (spark.sql.shuffle.partitions of the query; fixed by "
+                            "the checkpoint at its first start: Spark's default, 200, makes every micro-batch 200 tasks)")
 
 
 def run_from_args(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
     if not (args.source and args.source.startswith("kafka:")):
         raise ConfigError("--stream reads a Kafka topic: pass --source kafka:<topic>", key="source")
+    spark.conf.set("spark.sql.shuffle.partitions", str(args.state_partitions))
     return run_stream(
         spark,
         bootstrap=args.bootstrap,

@@ -6,6 +6,7 @@
     eosink connectors list|status|pause|resume|stop|restart|delete|offsets|transactions ...
     eosink spark run JOB [--run-id ..]  run a Spark outbox job
     eosink demo                         the end-to-end demo
+    eosink demo --stream                the streaming example end to end (a driver killed mid-way)
     eosink images build [worker|spark]  build the container images (podman when no Docker engine answers)
 
 Every failure prints one clear line naming the culprit and exits non-zero; never a bare traceback.
@@ -256,6 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return spark_main(argv[1:])
         if argv and argv[0] == "demo":
+            if "--stream" in argv[1:]:
+                from eosink.worker.stack.stream_demo import main as stream_demo_main
+
+                return stream_demo_main(argv[1:])
             from eosink.worker.stack.demo import main as demo_main
 
             return demo_main(argv[1:])
