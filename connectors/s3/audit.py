@@ -58,8 +58,8 @@ class S3Reader:
                     continue  # not a data object of this sink's layout
                 tp = TopicPartition(m["topic"], int(m["partition"]))
                 w = windows.get(tp)
-                if w is None or int(m["last"]) < w.first:
-                    continue  # another partition, or before the window
+                if w is None or int(m["last"]) < w.first or int(m["first"]) >= w.end:
+                    continue  # another partition, before the window, or wholly past it (not due yet)
                 objects.append((o["Key"], tp, int(m["first"]), int(m["last"]), w))
             with ThreadPoolExecutor(_FETCHES, thread_name_prefix="s3-audit") as pool:
                 for tp, offsets in pool.map(lambda obj: self._placed(source, *obj), objects):
