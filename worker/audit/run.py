@@ -98,7 +98,9 @@ def audit(name: str, raw: Mapping[str, Any], decisions: Mapping[TopicPartition, 
     kafka = dict(kafka or {})
     cfg = parse_connector(name, dict(raw), source=f"connector {name}")
     topics = sorted(set(cfg.topics) | {tp.topic for tp in decisions} | {a.tp.topic for a in asked or ()})
-    earliest = _partitions(bootstrap, kafka, topics)
+    # Ranges asked for (the CLI's --offsets, every continuous round) are their own windows: the
+    # partitions' low watermarks, a Kafka client and a round trip per partition, are not needed.
+    earliest = {} if asked else _partitions(bootstrap, kafka, topics)
     windows = windows_of(decisions, earliest, asked or [])
     notes = _notes(cfg)
     sinks = cfg.create_sinks()
