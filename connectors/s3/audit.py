@@ -80,12 +80,16 @@ class S3Reader:
         offs: Sequence[int] = source.offsets(tp)
         lo, hi = bisect.bisect_left(offs, first), bisect.bisect_right(offs, last)
         digests = source.digests(tp)
+        lines = body.count(b"\n") + (0 if body.endswith(b"\n") or not body else 1)
         if digests:
             placed, extra = _matched(body, offs[lo:hi], digests[lo:hi])
+        elif first < w.first:  # by count, an object reaching back before the window: its last lines
+            placed, extra = list(offs[lo:hi])[-lines:] if lines else [], 0  # are the window's records
         else:  # content not comparable: placed by count
-            lines = body.count(b"\n") + (0 if body.endswith(b"\n") or not body else 1)
             placed = list(offs[lo:min(hi, lo + lines)])
             extra = lines - len(placed)
+        if first < w.first:
+            extra = 0  # lines of records before the window (a continuous round's, --offsets): not under audit
         if extra > 0:
             # Lines the range's due records cannot account for: past the due end they are records
             # decided after the decision log was read (in flight); within it, foreign.
