@@ -261,7 +261,7 @@ def run_e2e(args: argparse.Namespace, ep: Any, topic: str, tag: str, logdir: Pat
         proc = subprocess.Popen(
             [sys.executable, "-m", "eosink.worker.clients.cli", "worker", "--bootstrap-servers", ep.kafka_bootstrap,
              "--zookeeper", ep.zookeeper_hosts, "--cluster", cluster, "--worker-id", "w1", "--rest-port", str(port),
-             "--rest-host", "127.0.0.1"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+             "--rest-host", "127.0.0.1", *getattr(args, "worker_args", [])], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     spy: subprocess.Popen[bytes] | None = None
     config: dict[str, Any] = {
         "connector.class": "postgres", "topics": topic, "connection.url": ep.postgres_dsn, "insert.mode": "insert",
@@ -482,6 +482,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--label", default="", help="a name for this configuration in the results")
     ap.add_argument("--keep", action="store_true", help="keep the table and the bookkeeping rows")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--audit-overhead", action="append", default=[], metavar="SECONDS[:MAX_RECORDS]", help="alternate "
+                    "--pairs runs without and with --audit-interval SECONDS [--audit-max-records MAX_RECORDS] on the "
+                    "worker (repeatable) and report the cost (bench/e2e_audit.py)")
+    ap.add_argument("--pairs", type=int, default=3, help="with --audit-overhead: runs of each kind")
     published.add_arguments(ap)
     args = ap.parse_args(argv)
     if args.poll_s is None:
@@ -491,6 +495,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     topic = args.topic or f"bench-e2e-{args.records}-p{args.partitions}" + ("-h" if args.outbox_headers else "")
     in_child(prefill, ep.kafka_bootstrap, topic, args.records, args.partitions, args.outbox_headers)
     logdir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
+    if args.audit_overhead:
+        from bench import e2e_audit
+
+        over = e2e_audit.run_overhead(args, ep, topic, tag, logdir)
+        published.maybe_publish(args, lambda: e2e_audit.figure(args, over, argv))
+        return 0 if over["ok"] else 1
     e2e = run_e2e(args, ep, topic, tag, logdir)
     raw = None
     if not args.skip_copy:

@@ -47,6 +47,13 @@ class SourceView(Protocol):
         with :attr:`AuditReader.needs_records` set."""
         ...
 
+    def digests(self, tp: TopicPartition) -> Sequence[int]:
+        """The :func:`~eosink.connectors.common.jsonlines.line_digest` of the JSON Lines line each of
+        ``tp``'s committed records is written as, aligned with :meth:`offsets`; kept only when a
+        reader sets ``needs_digests = True`` (an optional attribute) and the engine can tell the line
+        from the record (``value.converter`` json or string, no transforms): else empty."""
+        ...
+
 
 class AuditReader(Protocol):
     """One sink of a connector, read back by itself."""

@@ -24,6 +24,12 @@ Protocol (every body and answer is JSON; ``{txn}`` is URL-quoted; any path prefi
                                 409 already committed (an abort never undoes a commit)
     GET  {base}/pending?connector=NAME
                                 200 {"pending": [{"txn": ..., "manifest": {...}}, ...]}
+    GET  {base}/ledger?connector=NAME
+                                200 {"ledger": [{"txn": ..., "ranges": [[topic, partition, first_offset,
+                                last_offset, epoch], ...], "records": N}, ...]}   every committed txn of
+                                the connector as the store holds it now, in commit order, with how
+                                many records it holds (optional: what ``eosink connectors audit``
+                                reads back; an endpoint answering 404 here is reported NOT AUDITED)
     GET  {base}/health          200 {"status": "ok"}  (no auth)
 
 Rules a server must keep, and how this one does:
@@ -43,6 +49,8 @@ Rules a server must keep, and how this one does:
   other 4xx stops the connector and shows your response body to the operator).
 
 Readers read ``committed.jsonl`` line by line; a line is a whole transaction or not there yet.
+The ledger is read from the log on disk on every call (not from the in-memory state), so it
+says what the store holds, including anything changed behind the server's back.
 Start-up reads the log once to rebuild the committed txn ids and epochs (it parses only each
 line's head, not its records), truncates a torn last line, and reloads ``prepared/``.
 """
@@ -268,6 +276,16 @@ class Store:
             return [{"txn": t, "manifest": h["manifest"]} for t, h in sorted(self.prepared.items())
                     if connector is None or h["connector"] == connector]
 
+    def ledger(self, connector: str | None) -> list[dict[str, Any]]:
+        """Each committed txn of ``connector`` in the log on disk: its manifest ranges and record count."""
+        data = self.log_path.read_bytes()
+        out = []
+        for line in data[:data.rfind(b"\n") + 1].splitlines():  # not a line being appended
+            doc = json.loads(line)
+            if connector is None or doc["connector"] == connector:
+                out.append({"txn": doc["txn"], "ranges": doc["manifest"]["ranges"], "records": len(doc["records"])})
+        return out
+
     def close(self) -> None:
         os.close(self.log_fd)
 
@@ -285,6 +303,12 @@ class Handler(BaseHTTPRequestHandler):
         if url.path.endswith("/pending"):
             connector = parse_qs(url.query).get("connector", [None])[0]
             return self._send(200, {"pending": self.server.store.pending(connector)})
+        if url.path.endswith("/ledger"):
+            connector = parse_qs(url.query).get("connector", [None])[0]
+            try:
+                return self._send(200, {"ledger": self.server.store.ledger(connector)})
+            except (OSError, ValueError, KeyError, TypeError) as exc:  # a log line no commit wrote
+                return self._send(500, {"error": "ledger", "detail": f"{type(exc).__name__}: {exc}"})
         self._send(404, {"error": "not_found", "detail": url.path})
 
     def do_POST(self) -> None:

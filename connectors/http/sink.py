@@ -8,6 +8,8 @@ The server side is specified - and implemented as a runnable template - in
     commit       POST {http.url}/commit/{txn}
     abort        POST {http.url}/abort/{txn}
     recover      GET  {http.url}/pending?connector=<name>  -> {"pending": [{"txn", "manifest"}]}
+    audit        GET  {http.url}/ledger?connector=<name>   -> {"ledger": [{"txn", "ranges", "records"}]}
+                 (optional; see :mod:`eosink.connectors.http.audit`)
 
 **Why one JSON document (not NDJSON).** Every HTTP stack parses JSON bodies; the manifest
 travels with the records it describes, so a server validates both in one place. The body is
@@ -34,16 +36,18 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import urllib3
 
-from eosink.connectors.api.audit import NotAuditable
 from eosink.connectors.api.config import ConfigDef, Importance, Type, at_least, non_empty
 from eosink.connectors.api.errors import ConfigError, FatalError, FencedError, RetryableError
 from eosink.connectors.api.records import LazyJsonRecord, SinkRecord, TxnManifest, json_document
 from eosink.connectors.api.sink import BatchingSink
+
+if TYPE_CHECKING:
+    from eosink.connectors.http.audit import HttpReader
 
 COMPONENT = "http"
 _RETRY_STATUS = frozenset({408, 429})
@@ -108,10 +112,12 @@ class HttpSink(BatchingSink):
         .define("http.retry.backoff.max.ms", Type.LONG, 10_000, "Longest backoff between two attempts.", validator=at_least(0))
     )
 
-    def audit_reader(self, name: str) -> NotAuditable:
-        """An endpoint is read back only by whoever owns it: say so instead of reporting it clean."""
-        return NotAuditable(name, "an HTTP endpoint cannot be read back by eosink: audit it from the endpoint's own "
-                                  "store (each request carries the records' ids and offsets)")
+    def audit_reader(self, name: str) -> HttpReader:
+        """The endpoint read back through its ledger (see :mod:`eosink.connectors.http.audit`); an
+        endpoint without one is reported NOT AUDITED, never clean."""
+        from eosink.connectors.http.audit import HttpReader
+
+        return HttpReader(name, self.base, self.connector, self._headers, self._timeout, redact(self.base))
 
     def __init__(self, connector: str, config: Mapping[str, Any], *, sleep: Callable[[float], None] = time.sleep) -> None:
         super().__init__(connector, config)

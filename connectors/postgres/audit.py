@@ -95,12 +95,14 @@ class PostgresReader:
 
     def _copy(self, ident: sql.Identifier, cols: tuple[str, str, str],
               windows: Mapping[TopicPartition, Window]) -> Iterator[tuple[TopicPartition, list[int]]]:
-        """The coordinates of the rows at or past each window's first offset (earlier rows are not
-        under audit: with an index on the coordinates a narrow audit reads only its rows)."""
+        """The coordinates of the rows within each window (rows before it are not under audit, rows
+        past it are not due yet: a continuous audit that lags a fast connector would otherwise read
+        everything delivered since its window's start, every round; with an index on the coordinates
+        a narrow audit reads only its rows)."""
         t, p, o = map(sql.Identifier, cols)
         where = sql.SQL(" OR ").join(
-            sql.SQL("({} = {} AND {} = {} AND {} >= {})").format(t, sql.Literal(tp.topic), p, sql.Literal(tp.partition),
-                                                                 o, sql.Literal(w.first))
+            sql.SQL("({} = {} AND {} = {} AND {} >= {} AND {} < {})").format(
+                t, sql.Literal(tp.topic), p, sql.Literal(tp.partition), o, sql.Literal(w.first), o, sql.Literal(w.end))
             for tp, w in sorted(windows.items()))
         q = sql.SQL("COPY (SELECT {}, {}, {} FROM {} WHERE {}) TO STDOUT").format(t, p, o, ident, where)
         found: dict[tuple[str, int], list[int]] = {}

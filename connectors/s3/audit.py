@@ -3,9 +3,13 @@
 An object's key names its partition and the first and last offset of the range it holds
 (``<topic>/<partition>/<first:020d>-<last:020d>.<ext>``, see :mod:`.protocol`). A ``jsonl``
 object holds values alone, one line per record, in offset order: its lines are the committed
-records of that range, in order, so line *i* is placed at the *i*-th committed offset of the
-range. A line more than the range has committed records is not placeable (foreign); a line fewer
-leaves the range's last records missing; two objects over the same offsets double them. A
+records of that range, in order. Each line is compared with the value of its record (a digest
+of both, :func:`~eosink.connectors.common.jsonlines.line_digest`): a line is placed at the next
+committed offset of the range whose value it holds, so a line deleted leaves its record missing
+and a line replaced by another leaves its record missing and the line foreign (not placeable);
+two objects over the same offsets double them. Where the engine cannot tell a record's line
+(transforms, ``value.converter=bytes`` or with schemas) lines are placed by count: line *i* at
+the *i*-th committed offset, a line more foreign, a line fewer the last record missing. A
 ``parquet`` object carries ``__topic``, ``__partition`` and ``__offset`` columns, read as they are.
 
 Prepared uploads are invisible and not read; neither are the ``__pending__`` and ``__epochs__``
@@ -24,6 +28,7 @@ from typing import Any
 from eosink.connectors.api.audit import UNPLACED, SourceView, Window
 from eosink.connectors.api.errors import EosinkError, RetryableError
 from eosink.connectors.api.records import TopicPartition
+from eosink.connectors.common.jsonlines import line_digest
 from eosink.connectors.s3.client import Bucket
 from eosink.connectors.s3.layout import Layout
 
@@ -41,6 +46,7 @@ class S3Reader:
         self.bucket = bucket
         self.layout = layout
         self.format = fmt
+        self.needs_digests = fmt == "jsonl"  # each line compared with its record's value
 
     def sightings(self, source: SourceView, windows: Mapping[TopicPartition, Window]) -> Iterator[tuple[TopicPartition, list[int]]]:
         prefix = self.layout.data_prefix
@@ -52,8 +58,8 @@ class S3Reader:
                     continue  # not a data object of this sink's layout
                 tp = TopicPartition(m["topic"], int(m["partition"]))
                 w = windows.get(tp)
-                if w is None or int(m["last"]) < w.first:
-                    continue  # another partition, or before the window
+                if w is None or int(m["last"]) < w.first or int(m["first"]) >= w.end:
+                    continue  # another partition, before the window, or wholly past it (not due yet)
                 objects.append((o["Key"], tp, int(m["first"]), int(m["last"]), w))
             with ThreadPoolExecutor(_FETCHES, thread_name_prefix="s3-audit") as pool:
                 for tp, offsets in pool.map(lambda obj: self._placed(source, *obj), objects):
@@ -71,11 +77,19 @@ class S3Reader:
         body = got[0]
         if self.format == "parquet" or key.endswith(".parquet"):
             return tp, _parquet_offsets(body, tp)
-        lines = body.count(b"\n") + (0 if body.endswith(b"\n") or not body else 1)
         offs: Sequence[int] = source.offsets(tp)
         lo, hi = bisect.bisect_left(offs, first), bisect.bisect_right(offs, last)
-        placed = list(offs[lo:min(hi, lo + lines)])
-        extra = lines - len(placed)
+        digests = source.digests(tp)
+        lines = body.count(b"\n") + (0 if body.endswith(b"\n") or not body else 1)
+        if digests:
+            placed, extra = _matched(body, offs[lo:hi], digests[lo:hi])
+        elif first < w.first:  # by count, an object reaching back before the window: its last lines
+            placed, extra = list(offs[lo:hi])[-lines:] if lines else [], 0  # are the window's records
+        else:  # content not comparable: placed by count
+            placed = list(offs[lo:min(hi, lo + lines)])
+            extra = lines - len(placed)
+        if first < w.first:
+            extra = 0  # lines of records before the window (a continuous round's, --offsets): not under audit
         if extra > 0:
             # Lines the range's due records cannot account for: past the due end they are records
             # decided after the decision log was read (in flight); within it, foreign.
@@ -87,6 +101,37 @@ class S3Reader:
 
     def close(self) -> None:
         self.bucket.close()
+
+
+def _matched(body: bytes, offs: Sequence[int], digests: Sequence[int]) -> tuple[list[int], int]:
+    """Each line of a ``jsonl`` body matched, in order, to the committed record whose value it holds:
+    the next record when it matches (the usual case), else the first later one that does (the records
+    skipped are missing); a line no later record matches is not placed. Returns the offsets matched
+    and how many lines were not."""
+    lines = body.split(b"\n")
+    if lines and not lines[-1]:
+        lines.pop()
+    placed: list[int] = []
+    unmatched, j, n = 0, 0, len(offs)
+    later: dict[int, list[int]] | None = None
+    for line in lines:
+        d = line_digest(line)
+        if j < n and digests[j] == d:
+            placed.append(offs[j])
+            j += 1
+            continue
+        if later is None:  # a line out of step: index the range's digests once
+            later = {}
+            for i, x in enumerate(digests):
+                later.setdefault(x, []).append(i)
+        at = later.get(d, [])
+        k = bisect.bisect_left(at, j)
+        if k == len(at):
+            unmatched += 1
+            continue
+        j = at[k] + 1
+        placed.append(offs[at[k]])
+    return placed, unmatched
 
 
 def _parquet_offsets(body: bytes, tp: TopicPartition) -> list[int]:

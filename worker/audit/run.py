@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,14 +98,17 @@ def audit(name: str, raw: Mapping[str, Any], decisions: Mapping[TopicPartition, 
     kafka = dict(kafka or {})
     cfg = parse_connector(name, dict(raw), source=f"connector {name}")
     topics = sorted(set(cfg.topics) | {tp.topic for tp in decisions} | {a.tp.topic for a in asked or ()})
-    earliest = _partitions(bootstrap, kafka, topics)
+    # Ranges asked for (the CLI's --offsets, every continuous round) are their own windows: the
+    # partitions' low watermarks, a Kafka client and a round trip per partition, are not needed.
+    earliest = {} if asked else _partitions(bootstrap, kafka, topics)
     windows = windows_of(decisions, earliest, asked or [])
     notes = _notes(cfg)
     sinks = cfg.create_sinks()
     readers: list[AuditReader] = [s.audit_reader(n) for s, n in zip(sinks, _names(cfg))]
     try:
         keep = any(r.needs_records and r.limit is None for r in readers)
-        source = src.read(bootstrap, kafka, windows, keep_records=keep)
+        wants = any(getattr(r, "needs_digests", False) and r.limit is None for r in readers)
+        source = src.read(bootstrap, kafka, windows, keep_records=keep, digest=_line_digest(cfg) if wants else None)
         out = [_sink(r, source, windows) for r in readers]
     finally:
         for r in readers:
@@ -142,6 +145,21 @@ def _sink(reader: AuditReader, source: src.SourceIndex, windows: Mapping[TopicPa
     doc.update(clean=not any(totals[k] for k in FAULTS), totals=totals, partitions=[p.to_json() for p in parts],
                seconds=round(time.perf_counter() - t0, 3))
     return doc
+
+
+def _line_digest(cfg: Any) -> Callable[[bytes | None], int] | None:
+    """How the JSON Lines line of a record's value is digested, when the engine can tell that line
+    from the record: ``value.converter`` json (schemaless) or string, and no transform."""
+    from eosink.connectors.common.jsoncodec import encode
+    from eosink.connectors.common.jsonlines import line_digest
+
+    if cfg.raw.get("transforms") or cfg.settings.get("value.converter.schemas.enable"):
+        return None
+    if cfg.value_converter == "json":
+        return lambda v: line_digest(b"null" if v is None else v)
+    if cfg.value_converter == "string":
+        return lambda v: line_digest(b"null" if v is None else encode(v.decode("utf-8", "replace")))
+    return None
 
 
 def _notes(cfg: Any) -> list[str]:

@@ -5,8 +5,9 @@ transaction, and a transaction marker, occupy an offset that the consumer never 
 offset a sink holds and the source lacks is *foreign* by construction.
 
 Only what the tally needs is kept per record: its offset (an ``array`` of 8 bytes), its
-``eosink.id`` header (for naming culprits), and - only when a reader asks, for "last record per
-key" - its key and value.
+``eosink.id`` header (for naming culprits), and - only when a reader asks - its key and value
+(for "last record per key") or a digest of its value (8 bytes, to compare a JSON Lines line with
+its record).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import bisect
 import time
 import uuid
 from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from eosink.connectors.api.audit import Window
@@ -34,8 +35,10 @@ class SourceUnreadable(RetryableError):
 class SourceIndex:
     """The committed records of every partition under audit (implements ``SourceView``)."""
 
-    def __init__(self, keep_records: bool) -> None:
+    def __init__(self, keep_records: bool, digest: Callable[[bytes | None], int] | None = None) -> None:
         self.keep_records = keep_records
+        self.digest = digest
+        self._digests: dict[TopicPartition, array[int]] = {}
         self._offsets: dict[TopicPartition, array[int]] = {}
         self._ids: dict[TopicPartition, list[str | None]] = {}
         self._records: dict[TopicPartition, list[tuple[int, bytes | None, bytes | None]]] = {}
@@ -46,9 +49,14 @@ class SourceIndex:
         self._ids.setdefault(tp, []).append(rid)
         if self.keep_records:
             self._records.setdefault(tp, []).append((offset, key, value))
+        if self.digest is not None:
+            self._digests.setdefault(tp, array("q")).append(self.digest(value))
 
     def offsets(self, tp: TopicPartition) -> Sequence[int]:
         return self._offsets.get(tp, array("q"))
+
+    def digests(self, tp: TopicPartition) -> Sequence[int]:
+        return self._digests.get(tp, array("q"))
 
     def keyed(self, tp: TopicPartition) -> Iterable[tuple[int, bytes | None, bytes | None]]:
         return self._records.get(tp, [])
@@ -77,13 +85,16 @@ def _id_of(headers: list[tuple[str, bytes | str | None]] | None) -> str | None:
 
 
 def read(bootstrap: str, kafka: Mapping[str, Any], windows: Mapping[TopicPartition, Window], *,
-         keep_records: bool = False, timeout_s: float = 600.0) -> SourceIndex:
+         keep_records: bool = False, digest: Callable[[bytes | None], int] | None = None,
+         timeout_s: float = 600.0) -> SourceIndex:
     """Every committed record of each partition's ``[first, end)``; a partition whose window is empty
-    is not read. Raises :class:`SourceUnreadable` when a window cannot be read to its end in time."""
+    is not read; ``digest``: kept of each record's value (see ``SourceView.digests``). Raises
+    :class:`SourceUnreadable` when a window cannot be read to its end in time."""
     from confluent_kafka import Consumer, KafkaError
     from confluent_kafka import TopicPartition as KTP
 
-    index = SourceIndex(keep_records)
+    index = SourceIndex(keep_records, digest)
+    values = keep_records or digest is not None
     todo = {tp: w for tp, w in windows.items() if w.end > w.first}
     if not todo:
         return index
@@ -122,7 +133,7 @@ def read(bootstrap: str, kafka: Mapping[str, Any], windows: Mapping[TopicPartiti
                     done.add(tp)
                     continue
                 headers: Any = m.headers()  # a list as consumed (a dict only when producing)
-                add(tp, off, _id_of(headers), m.key() if keep_records else None, m.value() if keep_records else None)
+                add(tp, off, _id_of(headers), m.key() if keep_records else None, m.value() if values else None)
                 if off == w.end - 1:
                     done.add(tp)
             for tp, pos in _positions(consumer, todo, last_seen):
