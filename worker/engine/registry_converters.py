@@ -126,8 +126,13 @@ class RegistryDecoder:
 def _avro(schema: Any) -> Decode:
     from fastavro import parse_schema, schemaless_reader
 
-    parsed = parse_schema(json.loads(schema.schema_str))
-    plain = not any(word in schema.schema_str for word in ('"bytes"', '"fixed"', "logicalType"))
+    document = json.loads(schema.schema_str)
+    parsed = parse_schema(document)
+    # Only the fields whose type JSON lacks are rewritten (the whole value when it is no record):
+    # walking every value measured ~2x the decode itself.
+    fields = document.get("fields") if isinstance(document, dict) and document.get("type") == "record" else None
+    whole = fields is None and _needs_text(document)
+    fix = [] if fields is None else [f["name"] for f in fields if _needs_text(f["type"])]
 
     def decode(raw: bytes) -> Any:
         buf = io.BytesIO(raw)
@@ -135,9 +140,21 @@ def _avro(schema: Any) -> Decode:
         value = schemaless_reader(buf, parsed, None)
         if buf.tell() != len(raw):
             raise ValueError(f"{len(raw) - buf.tell()} bytes left over after the record")
-        return value if plain else jsonable(value)
+        if whole:
+            return jsonable(value)
+        for name in fix:
+            v = value[name]
+            if v is not None:
+                value[name] = jsonable(v)
+        return value
 
     return decode
+
+
+def _needs_text(avro_type: Any) -> bool:
+    """Whether values of this Avro type may hold something JSON has no type for (bytes, fixed, logical types)."""
+    text = json.dumps(avro_type)
+    return any(word in text for word in ('"bytes"', '"fixed"', '"logicalType"'))
 
 
 def jsonable(value: Any) -> Any:
