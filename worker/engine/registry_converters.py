@@ -137,7 +137,7 @@ def _avro(schema: Any) -> Decode:
     def decode(raw: bytes) -> Any:
         buf = io.BytesIO(raw)
         buf.seek(5)
-        value = schemaless_reader(buf, parsed, None)
+        value: Any = schemaless_reader(buf, parsed, None)
         if buf.tell() != len(raw):
             raise ValueError(f"{len(raw) - buf.tell()} bytes left over after the record")
         if whole:
