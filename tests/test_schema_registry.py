@@ -207,3 +207,38 @@ def test_registry_stopped_mid_delivery_holds_delivery_until_it_returns(registry:
     assert registry.url.split("/apis")[0] in w.log_path.read_text(), "the retryable error names the registry's address"
     channels = dict(pg.execute(f'SELECT channel, count(*) FROM "{unique}" GROUP BY channel').fetchall())
     assert channels == {None: 100, "web": 200}
+
+
+def test_avro_keys_fill_the_primary_key_and_upserts_keep_the_latest(registry: RegistryServer, stack, make_topic, unique, pg,
+                                                                   tmp_path) -> None:
+    from confluent_kafka import Producer
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from tests.procs import WorkerProcess, register, wait_until
+
+    topic = make_topic(1)
+    pg.execute(f'CREATE TABLE "{unique}" (id bigint PRIMARY KEY, name text, amount numeric(10,2), at timestamptz, '
+               'blob bytea, note text)')
+    key_schema = {"type": "record", "name": "OrderKey", "namespace": "shop", "fields": [{"name": "id", "type": "long"}]}
+    keys = AvroSerializer(SchemaRegistryClient({"url": registry.url}), json.dumps(key_schema))
+    key_ctx = SerializationContext(topic, MessageField.KEY)
+    values = serializer("avro", registry.url, topic)
+    p = Producer({"bootstrap.servers": stack.kafka_bootstrap, "transactional.id": f"{unique}-keys"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(60):  # ids 0..19, each written three times: the last value (i = id + 40) wins
+        p.produce(topic, key=keys({"id": i % 20}, key_ctx), value=values(i), partition=0)
+    p.commit_transaction(30)
+    register(stack.zookeeper_hosts, unique, unique.replace("_", "-"), connector(
+        "avro", registry.url, topic, unique, **{"key.converter": CLASSES["avro"], "key.converter.schema.registry.url": registry.url,
+                                                 "pk.mode": "record_key", "insert.mode": "upsert"}))
+    w = WorkerProcess(stack, unique, "w1", tmp_path)
+    try:
+        wait_until(lambda: pg.execute(f"SELECT count(*) FROM \"{unique}\" WHERE name = 'n' || (id + 40)").fetchone()[0] >= 20,
+                   90, "the last value of every key")
+    finally:
+        assert w.stop() == 0, w.log_text()[-3000:]
+    rows = pg.execute(f'SELECT id, name FROM "{unique}" ORDER BY id').fetchall()
+    assert rows == [(i, f"n{i + 40}") for i in range(20)]
