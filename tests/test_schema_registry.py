@@ -242,3 +242,51 @@ def test_avro_keys_fill_the_primary_key_and_upserts_keep_the_latest(registry: Re
         assert w.stop() == 0, w.log_text()[-3000:]
     rows = pg.execute(f'SELECT id, name FROM "{unique}" ORDER BY id').fetchall()
     assert rows == [(i, f"n{i + 40}") for i in range(20)]
+
+
+def test_basic_auth_user_info_reaches_the_registry_and_a_refusal_is_named(registry: RegistryServer, make_topic) -> None:
+    """The registry behind a front that demands basic auth (the stack's registry has none): the converter's
+    USER_INFO credentials are sent with every request; wrong ones are a retryable error naming the registry."""
+    import base64
+    import threading
+    import urllib.request
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from eosink.connectors.api.errors import RetryableError
+    from eosink.worker.engine.registry_converters import RegistryDecoder
+
+    expected = "Basic " + base64.b64encode(b"reader:s3cret").decode()
+    upstream = registry.url.split("/apis")[0]
+
+    class Front(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if self.headers.get("Authorization") != expected:
+                self.send_response(401)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"error_code": 401, "message": "Unauthorized"}')
+                return
+            with urllib.request.urlopen(upstream + self.path, timeout=10) as answer:
+                body = answer.read()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Front)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    front = f"http://127.0.0.1:{server.server_address[1]}/apis/ccompat/v7"
+    try:
+        value = serializer("avro", registry.url, make_topic(1))(3)
+        auth = {"basic.auth.credentials.source": "USER_INFO", "basic.auth.user.info": "reader:s3cret"}
+        assert RegistryDecoder("avro", front, auth)(value)["name"] == "n3"
+        with pytest.raises(RetryableError, match=f"schema registry at {front} refused") as refused:
+            RegistryDecoder("avro", front, {**auth, "basic.auth.user.info": "reader:wrong"})(value)
+        assert "s3cret" not in str(refused.value) and "wrong" not in str(refused.value)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -32,7 +32,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from eosink.connectors.api.errors import RetryableError
+from eosink.connectors.api.errors import FatalError, RetryableError
 from eosink.connectors.common import jsoncodec
 
 AVRO = "io.confluent.connect.avro.AvroConverter"
@@ -71,7 +71,11 @@ class RegistryDecoder:
         conf = client_config(self.url, settings or {})
         conf["timeout"] = timeout_s
         conf["max.retries"] = 0  # the cycle is retried with its own backoff (errors.retry.*)
-        self.client = SchemaRegistryClient(conf)
+        try:
+            self.client = SchemaRegistryClient(conf)
+        except ValueError as exc:  # e.g. credentials both in the URL and in basic.auth.user.info, or no ':' in them
+            raise FatalError(f"the schema registry settings of the {fmt} converter are not usable: {exc}",
+                             component="config") from None
         self._by_id: dict[int, Decode] = {}
 
     def __call__(self, raw: bytes | None) -> Any:
