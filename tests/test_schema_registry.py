@@ -39,7 +39,7 @@ def serializer(fmt: str, url: str, topic: str, schema: dict[str, Any] | None = N
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    client = SchemaRegistryClient({"url": url})
+    client = SchemaRegistryClient({"url": url, "timeout": 30})
     ctx = SerializationContext(topic, MessageField.VALUE)
     if fmt == "avro":
         from confluent_kafka.schema_registry.avro import AvroSerializer
@@ -222,7 +222,7 @@ def test_avro_keys_fill_the_primary_key_and_upserts_keep_the_latest(registry: Re
     pg.execute(f'CREATE TABLE "{unique}" (id bigint PRIMARY KEY, name text, amount numeric(10,2), at timestamptz, '
                'blob bytea, note text)')
     key_schema = {"type": "record", "name": "OrderKey", "namespace": "shop", "fields": [{"name": "id", "type": "long"}]}
-    keys = AvroSerializer(SchemaRegistryClient({"url": registry.url}), json.dumps(key_schema))
+    keys = AvroSerializer(SchemaRegistryClient({"url": registry.url, "timeout": 30}), json.dumps(key_schema))
     key_ctx = SerializationContext(topic, MessageField.KEY)
     values = serializer("avro", registry.url, topic)
     p = Producer({"bootstrap.servers": stack.kafka_bootstrap, "transactional.id": f"{unique}-keys"})
