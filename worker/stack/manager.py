@@ -138,7 +138,7 @@ def down(names: Iterable[str] | None = None, home: Path | None = None, report: R
     layout = StackLayout.for_home(home)
     components = select(names, layout)
     with proc.file_lock(layout.lock_file):
-        errors = _each(components, lambda c: _stop(c, report))
+        errors = _in_waves(components, lambda c: _stop(c, report), reverse=True)
         if names is None:
             remove_endpoints(layout)
     if errors:
@@ -167,13 +167,17 @@ def stop_component(name: str, home: Path | None = None) -> None:
     down([name], home)
 
 
-def _in_waves(components: list[Component], action: Callable[[Component], object]) -> list[StackError]:
-    """``_each`` on the components that need none of the others first, then on the rest."""
+def _in_waves(components: list[Component], action: Callable[[Component], object], *,
+              reverse: bool = False) -> list[StackError]:
+    """``_each`` on the components that need none of the others first, then on the rest (``reverse``:
+    the rest first, as ``down`` stops them: the registry before the PostgreSQL it keeps its schemas in)."""
     names = {c.name for c in components}
     later = [c for c in components if names.intersection(c.after)]
-    first = [c for c in components if c not in later]
-    errors = _each(first, action) if first else []
-    return errors + (_each(later, action) if later else [])
+    waves = [[c for c in components if c not in later], later]
+    errors: list[StackError] = []
+    for wave in reversed(waves) if reverse else waves:
+        errors += _each(wave, action) if wave else []
+    return errors
 
 
 def _each(components: list[Component], action: Callable[[Component], object]) -> list[StackError]:
