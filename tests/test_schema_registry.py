@@ -290,3 +290,45 @@ def test_basic_auth_user_info_reaches_the_registry_and_a_refusal_is_named(regist
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_protobuf_nested_messages_enums_repeated_and_maps_become_plain_values(registry: RegistryServer, make_topic) -> None:
+    """The second message of a file (message index 1), with a nested message, an enum, a repeated field and a map."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from google.protobuf import descriptor_pb2, descriptor_pool
+    from google.protobuf.message_factory import GetMessageClass
+
+    from eosink.worker.engine.registry_converters import RegistryDecoder
+
+    f = descriptor_pb2.FieldDescriptorProto
+    fdp = descriptor_pb2.FileDescriptorProto(name="shop/shipment.proto", package="shop", syntax="proto3")
+    fdp.message_type.add(name="Unused").field.add(name="x", number=1, type=f.TYPE_INT32, label=f.LABEL_OPTIONAL)
+    msg = fdp.message_type.add(name="Shipment")
+    state = msg.enum_type.add(name="State")
+    state.value.add(name="NEW", number=0)
+    state.value.add(name="SENT", number=1)
+    address = msg.nested_type.add(name="Address")
+    address.field.add(name="city", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    entry = msg.nested_type.add(name="TagsEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    entry.field.add(name="value", number=2, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
+    msg.field.add(name="id", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
+    msg.field.add(name="state", number=2, type=f.TYPE_ENUM, label=f.LABEL_OPTIONAL, type_name=".shop.Shipment.State")
+    msg.field.add(name="to", number=3, type=f.TYPE_MESSAGE, label=f.LABEL_OPTIONAL, type_name=".shop.Shipment.Address")
+    msg.field.add(name="from", number=4, type=f.TYPE_MESSAGE, label=f.LABEL_OPTIONAL, type_name=".shop.Shipment.Address")
+    msg.field.add(name="parcels", number=5, type=f.TYPE_BYTES, label=f.LABEL_REPEATED)
+    msg.field.add(name="tags", number=6, type=f.TYPE_MESSAGE, label=f.LABEL_REPEATED, type_name=".shop.Shipment.TagsEntry")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    shipment = GetMessageClass(pool.FindMessageTypeByName("shop.Shipment"))
+    topic = make_topic(1)
+    client = SchemaRegistryClient({"url": registry.url, "timeout": 30})
+    value = ProtobufSerializer(shipment, client, {"use.deprecated.format": False})(
+        shipment(id=2**40, state=1, to={"city": "Lyon"}, parcels=[b"\x01", b"\xff"], tags={"fragile": 3}),
+        SerializationContext(topic, MessageField.VALUE))
+    assert RegistryDecoder("protobuf", registry.url)(value) == {
+        "id": 2**40, "state": "SENT", "to": {"city": "Lyon"}, "from": None, "parcels": ["\\x01", "\\xff"],
+        "tags": {"fragile": 3}}
