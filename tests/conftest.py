@@ -11,6 +11,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,45 @@ def stack():
     from eosink.worker.stack import load_endpoints
 
     return load_endpoints()
+
+
+#: Where a registry runs for the tests when the open stack has none (a stack started before the stack
+#: had one): its own home, on the stack's PostgreSQL; stopped again at the end of the session.
+REGISTRY_HOME = Path(os.environ.get("EOSINK_REGISTRY_HOME") or Path(__file__).resolve().parent.parent / ".eosink-registry")
+
+
+@dataclass(frozen=True)
+class RegistryServer:
+    """A running Schema Registry: its Confluent-compatible ``url`` and the stack ``home`` that runs it
+    (for ``stop_component("registry", home)`` / ``start_component``)."""
+
+    url: str
+    home: Path | None
+
+
+@pytest.fixture(scope="session")
+def registry(stack) -> Iterator[RegistryServer]:
+    """The stack's Schema Registry, else one started here on the stack's PostgreSQL (and stopped after)."""
+    import urllib.request
+
+    from eosink.worker.stack import down, load_endpoints, up
+
+    if stack.registry_url is not None:
+        try:
+            with urllib.request.urlopen(stack.registry_url + "/subjects", timeout=5):
+                pass
+        except OSError:
+            pass
+        else:
+            yield RegistryServer(stack.registry_url, None)
+            return
+    up(["registry"], home=REGISTRY_HOME)
+    try:
+        url = load_endpoints(REGISTRY_HOME).registry_url
+        assert url is not None
+        yield RegistryServer(url, REGISTRY_HOME)
+    finally:
+        down(["registry"], home=REGISTRY_HOME)
 
 
 #: The secure stack's home (``eosink stack up --secure``), beside the open stack's ``.eosink``.

@@ -58,10 +58,16 @@ def test_librdkafka_judges_passed_through_overrides_at_registration():
 
 
 def test_a_converter_eosink_cannot_decode_is_refused_at_registration_not_at_task_start():
-    err = _refused({**PG, "value.converter": "io.confluent.connect.avro.AvroConverter"})
-    assert err.key == "value.converter" and "AvroConverter" in str(err)
-    err = _refused({**PG, "key.converter": "protobuf"})
+    err = _refused({**PG, "value.converter": "com.example.XmlConverter"})
+    assert err.key == "value.converter" and "XmlConverter" in str(err) and "AvroConverter" in str(err)
+    err = _refused({**PG, "key.converter": "thrift"})
     assert err.key == "key.converter"
+    err = _refused({**PG, "value.converter": "io.confluent.connect.avro.AvroConverter"})
+    assert err.key == "value.converter.schema.registry.url" and "AvroConverter" in str(err)
+    registry = parse_connector("c", {**PG, "key.converter": "protobuf", "key.converter.schema.registry.url": "http://r"},
+                               resolve=False)
+    assert registry.key_converter == "protobuf" and registry.registry("key") == {
+        "schema.registry.url": "http://r", "basic.auth.credentials.source": "", "basic.auth.user.info": ""}
     ok = parse_connector("c", {**PG, "key.converter": "org.apache.kafka.connect.json.JsonConverter",
                                "value.converter.schemas.enable": "true"}, resolve=False)
     assert ok.key_converter == "json" and ok.settings["value.converter.schemas.enable"] is True

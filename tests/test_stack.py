@@ -25,6 +25,7 @@ PORT_VARS = {
     "kafka": ["EOSINK_KAFKA_PORT", "EOSINK_KAFKA_CONTROLLER_PORT"],
     "postgres": ["EOSINK_POSTGRES_PORT"],
     "s3": ["EOSINK_S3_PORT", "EOSINK_S3_CONSOLE_PORT"],
+    "registry": ["EOSINK_REGISTRY_PORT", "EOSINK_REGISTRY_MANAGEMENT_PORT"],
 }
 
 
@@ -62,12 +63,12 @@ def scratch_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     run_stack("down", env=env)
 
 
-def test_status_json_reports_all_four_running_and_matches_endpoints_file(stack) -> None:
+def test_status_json_reports_every_component_running_and_matches_endpoints_file(stack) -> None:
     result = run_stack("status", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     components = report["components"]
-    assert set(components) == {"zookeeper", "kafka", "postgres", "s3"}
+    assert set(components) == {"zookeeper", "kafka", "postgres", "s3", "registry"}
     for name, component in components.items():
         assert component["state"] == "running", name
         assert running(component["pid"]), name
@@ -77,6 +78,7 @@ def test_status_json_reports_all_four_running_and_matches_endpoints_file(stack) 
     assert stack.zookeeper_hosts == written["zookeeper"]["hosts"]
     assert stack.postgres_dsn == written["postgres"]["dsn"]
     assert stack.s3 == written["s3"]
+    assert stack.registry_url == written["registry"]["url"]
 
 
 def test_up_on_a_running_stack_is_fast_and_keeps_every_server(stack) -> None:
@@ -88,10 +90,10 @@ def test_up_on_a_running_stack_is_fast_and_keeps_every_server(stack) -> None:
     assert elapsed < 3.0
     after = json.loads(run_stack("status", "--json").stdout)["components"]
     assert {n: c["pid"] for n, c in after.items()} == {n: c["pid"] for n, c in before.items()}
-    assert result.stderr.count("already running") == 4
+    assert result.stderr.count("already running") == 5
 
 
-@pytest.mark.parametrize("component", ["zookeeper", "kafka", "postgres", "s3"])
+@pytest.mark.parametrize("component", ["zookeeper", "kafka", "postgres", "s3", "registry"])
 def test_taken_port_is_a_clear_error_naming_component_and_log(scratch_env: dict[str, str], component: str) -> None:
     env_var = PORT_VARS[component][0]
     with socket.socket() as squatter:

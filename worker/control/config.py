@@ -32,6 +32,8 @@ from eosink.connectors.api.config import MASK, ConfigDef, Importance, Type, at_l
 from eosink.connectors.api.errors import ConfigError
 from eosink.connectors.api.sink import TwoPhaseCommitSink
 from eosink.worker.control import keys
+from eosink.worker.engine.registry_converters import FORMATS
+from eosink.worker.engine.registry_converters import SETTINGS as REGISTRY_SETTINGS
 from eosink.worker.transforms import validate_chain
 
 ALIASES: dict[str, str] = {
@@ -48,15 +50,33 @@ _CONVERTER_ALIASES = {
     "org.apache.kafka.connect.json.JsonConverter": "json",
     "org.apache.kafka.connect.storage.StringConverter": "string",
     "org.apache.kafka.connect.converters.ByteArrayConverter": "bytes",
+    **FORMATS,
 }
+#: What ``key.converter`` / ``value.converter`` may name (besides the class names above).
+_CONVERTERS = ("json", "string", "bytes", *FORMATS.values())
 
 
 
 def _converter(key: str, value: Any) -> None:
-    if _CONVERTER_ALIASES.get(value, value) not in ("json", "string", "bytes"):
-        raise ConfigError(f"{value!r} is not a converter eosink can decode: json, string or bytes, or Kafka Connect's "
-                          f"{', '.join(sorted(_CONVERTER_ALIASES))} (schema-registry formats such as Avro are not supported)",
-                          key=key)
+    if _CONVERTER_ALIASES.get(value, value) not in _CONVERTERS:
+        raise ConfigError(f"{value!r} is not a converter eosink can decode: {', '.join(_CONVERTERS)}, or Kafka Connect's "
+                          f"{', '.join(sorted(_CONVERTER_ALIASES))}", key=key)
+
+
+def _registry_keys(cdef: ConfigDef) -> ConfigDef:
+    """The Schema Registry keys of Confluent's converters, for values and for keys."""
+    for side in ("value", "key"):
+        p = f"{side}.converter."
+        cdef = (cdef
+                .define(p + "schema.registry.url", Type.STRING, "", f"Avro, Protobuf and JSON Schema {side}s: the Schema "
+                        "Registry's URL (Confluent's API; the local stack's is registry.url in endpoints.json).",
+                        Importance.MEDIUM)
+                .define(p + "basic.auth.credentials.source", Type.STRING, "", "USER_INFO: the registry's basic-auth "
+                        f"credentials are {p}basic.auth.user.info; URL: they are in the URL (http://user:password@host).",
+                        Importance.LOW, one_of("", "USER_INFO", "URL"))
+                .define(p + "basic.auth.user.info", Type.PASSWORD, "", "user:password for the Schema Registry, with "
+                        "basic.auth.credentials.source=USER_INFO (best as a ${file:...} reference).", Importance.LOW))
+    return cdef
 
 
 def _regex(key: str, value: Any) -> None:
@@ -87,12 +107,14 @@ COMMON = (
     .define("batch.max.records", Type.INT, 200_000, "A cycle commits early once it holds this many records.", validator=at_least(1))
     .define("batch.max.bytes", Type.LONG, 64 * 1024 * 1024, "A cycle commits early once it holds this many value bytes.",
             validator=at_least(1))
-    .define("value.converter", Type.STRING, "json", "json | string | bytes (or Kafka Connect's class names).",
+    .define("value.converter", Type.STRING, "json", "json | string | bytes | avro | protobuf | jsonschema (or Kafka "
+            "Connect's and Confluent's class names, e.g. io.confluent.connect.avro.AvroConverter).",
             validator=_converter)
     .define("value.converter.schemas.enable", Type.BOOLEAN, False, "JSON only: values are Kafka Connect's "
             "{\"schema\": ..., \"payload\": ...} envelope and the payload is delivered.")
     .define("key.converter", Type.STRING, "bytes", "How record keys reach transforms and sinks: bytes (as on the topic), "
-            "string or json (or Kafka Connect's class names). pk.mode=record_key reads it.", validator=_converter)
+            "string, json, avro, protobuf or jsonschema (or Kafka Connect's and Confluent's class names). "
+            "pk.mode=record_key reads it.", validator=_converter)
     .define("consumer.auto.offset.reset", Type.STRING, "earliest", "Where to start a partition no decision names yet.",
             validator=one_of("earliest", "latest"))
     # -- bad records and errors, as Kafka Connect names them (see worker/engine/deadletter.py) --------------------------
@@ -115,6 +137,8 @@ COMMON = (
     .define("errors.log.include.messages", Type.BOOLEAN, False, "With errors.log.enable: also log the record's key and "
             "value.", Importance.LOW)
 )
+
+COMMON = _registry_keys(COMMON)
 
 _REF = re.compile(r"\$\{(env|file):([^}]*)\}")
 
@@ -191,6 +215,13 @@ class ConnectorConfig:
         v = self.settings["key.converter"]
         return _CONVERTER_ALIASES.get(v, v)
 
+    def registry(self, side: str) -> dict[str, Any] | None:
+        """The Schema Registry settings of ``value`` or ``key`` (Connect's keys without the prefix), or None."""
+        if (self.value_converter if side == "value" else self.key_converter) not in FORMATS.values():
+            return None
+        p = f"{side}.converter."
+        return {k[len(p):]: self.settings[k] for k in self.settings if k.startswith(p) and k[len(p):] in REGISTRY_SETTINGS}
+
     def create_sinks(self) -> list[TwoPhaseCommitSink]:
         return [spec.cls(self.name, spec.config) for spec in self.sinks]
 
@@ -248,6 +279,11 @@ def parse_connector(name: Any, config: Any, *, source: str | None = None, resolv
     settings = COMMON.parse(resolved, source=source, skip=skip)
     if bool(settings["topics"]) == bool(settings["topics.regex"]):
         raise ConfigError("set exactly one of 'topics' and 'topics.regex'", key="topics", source=source)
+    for side in ("value", "key"):
+        if _CONVERTER_ALIASES.get(settings[f"{side}.converter"], settings[f"{side}.converter"]) in FORMATS.values() \
+                and not settings[f"{side}.converter.schema.registry.url"]:
+            raise ConfigError(f"is required with {side}.converter={settings[f'{side}.converter']}: the schemas are "
+                              "fetched from the registry", key=f"{side}.converter.schema.registry.url", source=source)
     settings["consumer.auto.offset.reset"] = keys.offset_reset(raw, settings["consumer.auto.offset.reset"])
     keys.check_overrides(raw, source=source)
     if check_clients:  # where a config is registered: librdkafka judges the consumer overrides now, not at task start

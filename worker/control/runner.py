@@ -282,6 +282,7 @@ class Worker:
         source = KafkaSource(
             cfg.name, self.options.bootstrap, value_converter=cfg.value_converter, reset=s["consumer.auto.offset.reset"],
             key_converter=cfg.key_converter, schemas_enable=s["value.converter.schemas.enable"],
+            value_registry=cfg.registry("value"), key_registry=cfg.registry("key"),
             overrides={**self.options.kafka,
                        **{k[len("consumer.override."):]: v for k, v in cfg.raw.items() if k.startswith("consumer.override.")}},
             tolerate=tolerate,

@@ -2,13 +2,15 @@
 
 ``json`` is :func:`eosink.connectors.common.jsoncodec.decode_value` (``json.loads``' values and
 refusals, natively where msgspec agrees); with ``schemas.enable=true`` it unwraps Connect's
-``{"schema", "payload"}`` envelope. :func:`json_checked` is ``json`` for a task whose sinks only copy
+``{"schema", "payload"}`` envelope. ``avro``, ``protobuf`` and ``jsonschema`` read Confluent's wire format
+with the schemas of a Schema Registry (:mod:`eosink.worker.engine.registry_converters`).
+:func:`json_checked` is ``json`` for a task whose sinks only copy
 the bytes of JSON objects and arrays: it checks them and leaves them undecoded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from eosink.connectors.api.records import UNDECODED
@@ -38,6 +40,8 @@ def _bytes(raw: bytes | None) -> Any:
 
 
 CONVERTERS: dict[str, Callable[[bytes | None], Any]] = {"json": json_value, "string": _string, "bytes": _bytes}
+#: Confluent's formats: values in its wire format, schemas from a Schema Registry (:mod:`.registry_converters`).
+REGISTRY_FORMATS = ("avro", "protobuf", "jsonschema")
 
 
 def _unwrap_envelope(raw: bytes | None) -> Any:
@@ -52,8 +56,16 @@ def _unwrap_envelope(raw: bytes | None) -> Any:
     return doc["payload"]
 
 
-def converter(name: str, *, schemas_enable: bool = False) -> Callable[[bytes | None], Any]:
-    """The decode function of a converter alias (``json``, ``string``, ``bytes``)."""
+def converter(name: str, *, schemas_enable: bool = False,
+              registry: Mapping[str, Any] | None = None) -> Callable[[bytes | None], Any]:
+    """The decode function of a converter alias (``json``, ``string``, ``bytes``; ``avro``, ``protobuf``,
+    ``jsonschema`` with ``registry``: Connect's ``schema.registry.url`` and ``basic.auth.*`` keys)."""
     if schemas_enable and name == "json":
         return _unwrap_envelope
+    if name in REGISTRY_FORMATS:
+        from eosink.worker.engine.registry_converters import RegistryDecoder
+
+        if not registry or not registry.get("schema.registry.url"):
+            raise KeyError(f"{name} needs schema.registry.url")
+        return RegistryDecoder(name, str(registry["schema.registry.url"]), registry)
     return CONVERTERS[name]

@@ -16,7 +16,7 @@ from eosink.connectors.api.errors import FatalError, RecordError, RetryableError
 from eosink.connectors.api.records import UNDECODED, LazyJsonRecord, SinkRecord, TopicPartition
 from eosink.connectors.api.rows import RowRecord
 from eosink.worker.engine import gcpause
-from eosink.worker.engine.converters import CONVERTERS, converter, json_checked, json_value
+from eosink.worker.engine.converters import CONVERTERS, REGISTRY_FORMATS, converter, json_checked, json_value
 from eosink.worker.engine.kafka_errors import ConnectionWatch, authorization_error
 from eosink.worker.engine.progress import SourceProgress
 from eosink.worker.engine.stall import StallWatch
@@ -116,6 +116,8 @@ class KafkaSource(SourceProgress):
         tolerate: bool = False,
         key_converter: str = "bytes",
         schemas_enable: bool = False,
+        value_registry: Mapping[str, Any] | None = None,
+        key_registry: Mapping[str, Any] | None = None,
     ) -> None:
         from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer
 
@@ -152,16 +154,16 @@ class KafkaSource(SourceProgress):
         self.group = str(conf["group.id"])
         self.consumer = Consumer(self.watch.install(conf))
         try:
-            self.decode = converter(value_converter, schemas_enable=schemas_enable)
+            self.decode = converter(value_converter, schemas_enable=schemas_enable, registry=value_registry)
             self.converter = value_converter
             #: Keys are decoded only when asked (bytes: the key as it was on the topic).
-            self.decode_key = None if key_converter == "bytes" else converter(key_converter)
+            self.decode_key = None if key_converter == "bytes" else converter(key_converter, registry=key_registry)
             self.key_converter = key_converter
         except KeyError:
             raise FatalError(f"unknown converter {value_converter!r}/{key_converter!r}; one of {', '.join(CONVERTERS)}",
                              component="config") from None
         #: The raw value is handed on only when it is the decoded value's own encoding (sinks then copy it).
-        self.keep_raw = not schemas_enable
+        self.keep_raw = not schemas_enable and value_converter not in REGISTRY_FORMATS
         self.fetch_batch = fetch_batch
         # No decision yet: start where the reset policy says - never at the group's committed offset, which
         # is only a best-effort copy for Kafka tooling and may be stale (e.g. after the offsets were reset).

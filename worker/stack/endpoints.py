@@ -26,6 +26,8 @@ class Endpoints:
     postgres_port: int
     s3: dict[str, str]
     security: dict[str, str] | None = None
+    #: The Schema Registry's Confluent-compatible URL (an open stack's; None when the stack runs none).
+    registry_url: str | None = None
     raw: dict[str, Any] | None = None
 
     @property
@@ -50,6 +52,7 @@ def load_endpoints(home: Path | None = None) -> Endpoints:
             postgres_port=int(raw["postgres"]["port"]),
             s3=dict(raw["s3"]),
             security=dict(raw["security"]) if "security" in raw else None,
+            registry_url=raw["registry"]["url"] if "registry" in raw else None,
             raw=raw,
         )
     except (KeyError, TypeError, ValueError) as e:

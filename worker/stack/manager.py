@@ -23,6 +23,9 @@ from eosink.worker.stack.layout import HOST, StackLayout
 
 Report = Callable[[str], None]
 
+#: Components an open stack runs and a secure one does not (yet).
+OPEN_ONLY = frozenset({"registry"})
+
 # How long a running server may fail its probe before `up` calls it unhealthy instead of
 # leaving it alone.
 UNHEALTHY_GRACE_S = 15.0
@@ -56,7 +59,12 @@ def select(names: Iterable[str] | None, layout: StackLayout, brokers: int | None
     """
     nodes = kafka.nodes(layout, brokers)
     aliases = {f"kafka-{n}": node.name for n, node in enumerate(nodes, 1)}
-    wanted = list(COMPONENTS) if names is None else [aliases.get(n, n) for n in names]
+    offered = [n for n in COMPONENTS if not (layout.secure and n in OPEN_ONLY)]
+    wanted = offered if names is None else [aliases.get(n, n) for n in names]
+    refused = [n for n in wanted if layout.secure and n in OPEN_ONLY]
+    if refused:
+        raise StackError(f"a secure stack runs no {', '.join(refused)} yet (it would serve without TLS or credentials); "
+                         "use an open stack for it")
     unknown = [n for n in wanted if n not in COMPONENTS and n not in aliases.values()]
     if unknown:
         choices = [*COMPONENTS, *list(aliases)[1:]]
@@ -74,9 +82,10 @@ def up(names: Iterable[str] | None = None, home: Path | None = None, report: Rep
        brokers: int | None = None, secure: bool | None = None) -> list[ComponentStatus]:
     """Start every selected component that is not already running and healthy; write endpoints.json.
 
-    Components start concurrently (they do not depend on each other: Kafka runs KRaft, not
-    ZooKeeper). All failures are collected and raised together, so one run shows every problem.
-    endpoints.json always lists all four addresses (they follow from the config alone), also
+    Components start concurrently (Kafka runs KRaft, not ZooKeeper), except those whose ``after``
+    names another selected one (the registry keeps its schemas in PostgreSQL): they start in a
+    second wave. All failures are collected and raised together, so one run shows every problem.
+    endpoints.json always lists every component's address (they follow from the config alone), also
     after ``up --only``; ``status`` tells which servers actually run. ``brokers`` is the Kafka
     node count (default: ``EOSINK_KAFKA_BROKERS``, else what this home ran last, else 1).
     ``secure=True`` makes a new home a locked-down stack (see :mod:`eosink.worker.stack.secure`);
@@ -91,7 +100,7 @@ def up(names: Iterable[str] | None = None, home: Path | None = None, report: Rep
             layout.secure_marker.touch()
         if any(isinstance(c, kafka.Kafka) for c in components):
             kafka_config.record_count(layout, kafka_config.broker_count(layout, brokers))
-        errors = _each(components, lambda c: _ensure_running(c, report))
+        errors = _in_waves(components, lambda c: _ensure_running(c, report))
         if errors:
             raise StackError("\n\n".join(str(e) for e in errors))
         entries = {c.name: c.endpoint() for c in select(None, layout) if c.name in COMPONENTS}
@@ -129,7 +138,7 @@ def down(names: Iterable[str] | None = None, home: Path | None = None, report: R
     layout = StackLayout.for_home(home)
     components = select(names, layout)
     with proc.file_lock(layout.lock_file):
-        errors = _each(components, lambda c: _stop(c, report))
+        errors = _in_waves(components, lambda c: _stop(c, report), reverse=True)
         if names is None:
             remove_endpoints(layout)
     if errors:
@@ -156,6 +165,19 @@ def start_component(name: str, home: Path | None = None) -> int:
 def stop_component(name: str, home: Path | None = None) -> None:
     """Stop one component, leaving the others (and endpoints.json) alone. For crash tests."""
     down([name], home)
+
+
+def _in_waves(components: list[Component], action: Callable[[Component], object], *,
+              reverse: bool = False) -> list[StackError]:
+    """``_each`` on the components that need none of the others first, then on the rest (``reverse``:
+    the rest first, as ``down`` stops them: the registry before the PostgreSQL it keeps its schemas in)."""
+    names = {c.name for c in components}
+    later = [c for c in components if names.intersection(c.after)]
+    waves = [[c for c in components if c not in later], later]
+    errors: list[StackError] = []
+    for wave in reversed(waves) if reverse else waves:
+        errors += _each(wave, action) if wave else []
+    return errors
 
 
 def _each(components: list[Component], action: Callable[[Component], object]) -> list[StackError]:

@@ -18,6 +18,8 @@ class Component(ABC):
     name: ClassVar[str]
     ready_timeout_s: ClassVar[float] = 60.0
     stop_timeout_s: ClassVar[float] = 20.0
+    #: Components this one needs running first (``up`` starts it in a later wave when they are started too).
+    after: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, layout: StackLayout) -> None:
         self.layout = layout
