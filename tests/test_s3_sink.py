@@ -309,6 +309,22 @@ def test_recover_aborts_uploads_no_prepared_txn_names_once_old_and_keeps_prepare
     assert list(visible(client, bucket, unique)) == [f"{unique}/t/0/{0:020d}-{0:020d}.jsonl"]
 
 
+def test_upload_of_a_prepare_killed_before_its_json_is_aborted_by_the_task_that_acquires_its_partition(
+        make_sink, client, bucket, unique):
+    held, other = TopicPartition("orders", 1), TopicPartition("orders", 10)
+    m = prepare(make_sink(), f"{unique}.w.1.1", records("orders", [{"n": 1}], partition=1))  # undecided
+    orphan = f"{unique}/orders/1/{5:020d}-{9:020d}.jsonl"  # a prepare killed before its .json: seconds old
+    client.create_multipart_upload(Bucket=bucket, Key=orphan)
+    live = f"{unique}/orders/10/{0:020d}-{3:020d}.jsonl"  # another task's partition: may be a live prepare
+    client.create_multipart_upload(Bucket=bucket, Key=live)
+    task = SinkTask(unique, "w2", [make_sink()], ListSource({held: [], other: []}), MemoryDecisionLog(),
+                    TaskSettings(commit_interval_s=0), sleep=lambda _s: None)
+    task.open()
+    task.assign([held])  # recovery: the prepared txn (undecided, not fenced) is reported and kept; the orphan goes
+    assert m.txn_id in task.unresolved and keys(client, bucket, "__pending__/") == [pending(unique, m.txn_id)]
+    assert open_uploads(client, bucket) == sorted([f"{unique}/orders/1/{0:020d}-{0:020d}.jsonl", live])
+
+
 def test_engine_commit_failing_after_the_decision_is_committed_once_by_the_restarted_tasks_recovery(
         make_sink, client, bucket, unique, monkeypatch):
     tps = [TopicPartition("orders", 0), TopicPartition("orders", 1)]

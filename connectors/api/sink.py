@@ -12,6 +12,7 @@ and on start and on every newly acquired partition::
 
     recover() -> [TxnManifest]         every txn prepared and not yet committed or aborted
     recover_and_commit(m) | recover_and_abort(m)
+    discard_unprepared(partitions)     what a txn that died inside pre_commit left on them
 
 Outcomes are three classes: returning normally is **ok**; raising
 :class:`~eosink.connectors.api.errors.RetryableError` is **retryable**; raising
@@ -31,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from eosink.connectors.api.config import ConfigDef
-from eosink.connectors.api.records import SinkRecord, TxnManifest
+from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
 
 if TYPE_CHECKING:
     from eosink.connectors.api.audit import AuditReader
@@ -99,6 +100,15 @@ class TwoPhaseCommitSink(abc.ABC):
     def recover_and_abort(self, manifest: TxnManifest) -> None:
         """Abort a txn found by :meth:`recover` that no decision names."""
         self.abort(manifest.txn_id)
+
+    def discard_unprepared(self, partitions: frozenset[TopicPartition]) -> None:  # noqa: B027 - optional hook
+        """Discard what a txn that died inside ``pre_commit`` (before its manifest was recorded) left on
+        ``partitions``, which :meth:`recover` cannot name: S3 uploads no ``.json`` lists, for one.
+
+        Called once the prepared txns touching ``partitions`` are settled, while this task holds
+        them at an epoch newer than any earlier owner's: whatever else is staged there that no
+        prepared txn names belongs to a writer that is dead or fenced, and can never be committed.
+        """
 
     # -- audit -------------------------------------------------------------------------------
     def audit_reader(self, name: str) -> AuditReader:

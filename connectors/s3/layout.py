@@ -66,6 +66,10 @@ class Layout:
     def final_key(self, r: PartitionRange, ext: str) -> str:
         return self.key(self.connector, r.topic, str(r.partition), f"{r.first_offset:020d}-{r.last_offset:020d}.{ext}")
 
+    def partition_prefix(self, tp: TopicPartition) -> str:
+        """The prefix of every object (and upload) of ``tp``."""
+        return self.key(self.connector, tp.topic, str(tp.partition)) + "/"
+
     @property
     def epochs_dir(self) -> str:
         return self.key("__epochs__", self.connector) + "/"

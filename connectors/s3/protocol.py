@@ -29,8 +29,10 @@ engine decides a txn only after ``pre_commit`` returned, so ``recover`` may list
 were still uploading when its worker died, and no decision names it: the engine aborts it. A
 commit therefore only ever sees whole uploads; an instance that did not prepare the txn reads
 the parts' ETags back with ListParts. A prepare that dies before its ``.json`` leaves uploads no
-``.json`` names: ``recover`` aborts those once they are :data:`ORPHAN_AGE_S` old (younger ones
-may be a live prepare of another task of the same connector).
+``.json`` names. The task that acquires their partition aborts them at once
+(``discard_unprepared``): it holds the partition at a newer epoch, so whoever made them is dead or
+fenced. ``recover`` aborts any other once it is :data:`ORPHAN_AGE_S` old (a younger one, on a
+partition another task holds, may be a live prepare of that task).
 
 **Why deterministic final keys.** The key is derived from the offsets alone, so a batch
 re-delivered by a new owner completes onto the same object with the same bytes instead of adding
@@ -61,7 +63,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from eosink.connectors.api.errors import EosinkError, FatalError
-from eosink.connectors.api.records import TxnManifest
+from eosink.connectors.api.records import TopicPartition, TxnManifest
 from eosink.connectors.s3.cleanup import Cleanup
 from eosink.connectors.s3.client import MISSING, Bucket
 from eosink.connectors.s3.encoding import CONTENT_TYPES
@@ -279,6 +281,23 @@ class MultipartTxns:
                    if uid not in named and now - u["Initiated"].timestamp() > ORPHAN_AGE_S]
         self._parallel(lambda ku: self._abort_upload(*ku), orphans)
         return out
+
+    def discard_unprepared(self, partitions: frozenset[TopicPartition]) -> None:
+        """Abort the uploads on ``partitions`` that no prepared txn's ``.json`` names (see the module doc).
+
+        Uploads are listed before the ``.json`` objects, so a prepare that finished in between is
+        named; one that finishes later is a fenced writer's, which the engine never commits.
+        """
+        if not partitions:
+            return
+        prefixes = tuple(self.layout.partition_prefix(tp) for tp in partitions)
+        uploads = [(u["Key"], u["UploadId"]) for u in self.bucket.uploads(self.layout.data_prefix)
+                   if str(u["Key"]).startswith(prefixes)]
+        if not uploads:
+            return
+        named = {s.upload_id for p in map(self._load_key, self._pending_keys()) if p is not None for s in p.staged}
+        orphans = [(key, uid) for key, uid in uploads if uid not in named]
+        self._parallel(lambda ku: self._abort_upload(*ku), orphans)
 
     def _is_open(self, s: Staged, listed: dict[str, Any]) -> bool:
         if s.upload_id in listed:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from eosink.connectors.api.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
 from eosink.connectors.api.errors import ConfigError, FatalError
-from eosink.connectors.api.records import PartitionRange, SinkRecord, TxnManifest
+from eosink.connectors.api.records import PartitionRange, SinkRecord, TopicPartition, TxnManifest
 from eosink.connectors.api.sink import TwoPhaseCommitSink
 from eosink.connectors.common import heap
 from eosink.connectors.s3.client import Bucket, code_of, make_client, status_of
@@ -197,4 +197,7 @@ class S3Sink(TwoPhaseCommitSink):
 
     def recover(self) -> list[TxnManifest]:
         return self.txns.recover()
+
+    def discard_unprepared(self, partitions: frozenset[TopicPartition]) -> None:
+        self.txns.discard_unprepared(partitions)
 

@@ -87,7 +87,8 @@ def recover(
 
     ``unresolved`` is updated as each txn is settled, so a failure part way (raised to the caller,
     which retries) keeps what was already done. A txn without a manifest is reported against all
-    of ``targets``: it might cover any of them.
+    of ``targets``: it might cover any of them. Then each sink discards what unprepared txns left
+    on ``targets`` (:meth:`~eosink.connectors.api.sink.TwoPhaseCommitSink.discard_unprepared`).
     """
     found: dict[str, tuple[TxnManifest, list[TwoPhaseCommitSink]]] = {}
     for sink in sinks:
@@ -117,3 +118,5 @@ def recover(
             unresolved[txn_id] = Unresolved(txn_id, partitions, verdict.reason, known.since if known else time.monotonic())
             logger.error("prepared_txn_unresolved", txn=txn_id, partitions=sorted(map(str, partitions)),
                          reason=verdict.reason)
+    for sink in sinks:
+        sink.discard_unprepared(frozenset(targets))
