@@ -148,7 +148,7 @@ class FilesystemSink(BatchingSink):
         manifest_path = self.prepared_dir / (name + _MANIFEST)
         try:
             if src.exists():
-                manifest = TxnManifest.from_json(manifest_path.read_bytes()) if manifest_path.exists() else None
+                manifest = TxnManifest.from_json(manifest_path.read_bytes(), str(manifest_path)) if manifest_path.exists() else None
                 os.replace(src, self.committed_dir / (name + _DATA))
                 if self.fsync:
                     _fsync_dir(self.committed_dir)
@@ -182,7 +182,7 @@ class FilesystemSink(BatchingSink):
             for path in sorted(self.prepared_dir.glob("*" + _MANIFEST)):
                 data = path.with_name(path.name[: -len(_MANIFEST)] + _DATA)
                 if data.exists():
-                    out.append(TxnManifest.from_json(path.read_bytes()))
+                    out.append(TxnManifest.from_json(path.read_bytes(), str(path)))
                 else:
                     path.unlink(missing_ok=True)  # committed or aborted after the data moved
         except (OSError, ValueError) as exc:

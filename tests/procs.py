@@ -64,7 +64,8 @@ class WorkerProcess:
             return self.wait(10)
 
     def log_text(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
 
