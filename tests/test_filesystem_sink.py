@@ -1,4 +1,4 @@
-"""The filesystem sink's two line formats (its 2PC behaviour is in test_conformance.py)."""
+"""The filesystem sink's two line formats, and a full volume (its 2PC behaviour is in test_conformance.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import subprocess
 
 import pytest
 
-from eosink.connectors.api.errors import ConfigError
+from eosink.connectors.api.errors import ConfigError, RetryableError
 from eosink.connectors.api.records import SinkRecord
 from eosink.connectors.filesystem import FilesystemSink
+from tests.diskkit import Filler, tmpfs
 from tests.sinkkit import prepare
 
 
@@ -69,3 +70,50 @@ def test_pretty_printed_json_value_is_written_as_one_line_its_own_reader_parses(
     assert [json.loads(x)["value"] for x in lines] == [{"id": 1, "s": "café", "tags": ["a"]}, {"id": 2}]
     assert lines[1].endswith(b'"value":{"id": 2}}')  # a value without a line break stays the topic's bytes
     assert [r["value"]["id"] for r in sink.read_committed()] == [1, 2]
+
+
+def _big_records(n: int) -> list[SinkRecord]:
+    raws = [json.dumps({"id": i, "payload": "x" * 200}).encode() for i in range(n)]
+    return [SinkRecord("t.x", 0, i, None, json.loads(r), r) for i, r in enumerate(raws)]
+
+
+def _leftovers(sink: FilesystemSink) -> list[str]:
+    return sorted(p.name for p in sink.prepared_dir.iterdir())
+
+
+def test_prepare_on_a_full_volume_is_retryable_names_the_path_and_leaves_no_half_written_file(tmp_path):
+    with tmpfs(tmp_path / "vol", "1m") as volume:
+        sink = FilesystemSink("c", {"file.path": str(volume.path)})
+        sink.open()
+        filler = Filler(volume.path).fill()
+        recs = _big_records(2000)  # ~450 kB: more than any page the filler leaves
+        with pytest.raises(RetryableError) as err:
+            prepare(sink, "c.w.1.1", recs)
+        message = str(err.value)
+        assert "disk full" in message and str(volume.path) in message, message
+        assert str(sink.prepared_dir / "c.w.1.1.jsonl") in message, message
+        assert _leftovers(sink) == [], "a half-written prepared file stayed on the full volume"
+        assert sink.recover() == []
+        sink.abort("c.w.1.1")
+        filler.release()
+        prepare(sink, "c.w.1.2", recs)
+        sink.commit("c.w.1.2")
+        assert [r["offset"] for r in sink.read_committed()] == list(range(2000))
+        assert _leftovers(sink) == []
+
+
+def test_commit_on_a_full_volume_keeps_the_batch_prepared_and_completes_once_space_returns(tmp_path):
+    with tmpfs(tmp_path / "vol", "1m") as volume:
+        sink = FilesystemSink("c", {"file.path": str(volume.path)})
+        sink.open()
+        prepare(sink, "c.w.1.1", _big_records(10), epoch=3)
+        filler = Filler(volume.path).fill()  # the first commit must write the partition's epoch fence
+        with pytest.raises(RetryableError, match="disk full") as err:
+            sink.commit("c.w.1.1")
+        assert str(sink.epochs_dir) in str(err.value)
+        assert sink.read_committed() == [], "visible before its commit completed"
+        assert [m.txn_id for m in sink.recover()] == ["c.w.1.1"], "the decided batch must stay prepared"
+        filler.release()
+        sink.commit("c.w.1.1")  # the retry in place
+        assert len(sink.read_committed()) == 10 and sink.recover() == []
+        assert (sink.epochs_dir / "t.x-0").read_text() == "3"
