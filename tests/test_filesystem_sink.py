@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
 
 import pytest
 
 from eosink.connectors.api.errors import ConfigError, RetryableError
 from eosink.connectors.api.records import SinkRecord
+from eosink.connectors.common.durable import describe_os_error
 from eosink.connectors.filesystem import FilesystemSink
 from tests.diskkit import Filler, tmpfs
 from tests.sinkkit import prepare
@@ -117,3 +120,12 @@ def test_commit_on_a_full_volume_keeps_the_batch_prepared_and_completes_once_spa
         sink.commit("c.w.1.1")  # the retry in place
         assert len(sink.read_committed()) == 10 and sink.recover() == []
         assert (sink.epochs_dir / "t.x-0").read_text() == "3"
+
+
+def test_quota_exceeded_is_told_apart_from_a_full_disk_and_names_the_file():
+    """EDQUOT cannot be provoked as root (root ignores quotas): the errno as the kernel reports it."""
+    exc = OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), "/v/c/prepared/x.jsonl")
+    assert describe_os_error(exc, "/v/c").startswith(
+        "disk quota exceeded: no space left on the volume of /v/c writing /v/c/prepared/x.jsonl ([Errno 122] ")
+    other = OSError(errno.EACCES, os.strerror(errno.EACCES), "/v/c/prepared")
+    assert describe_os_error(other, "/v/c") == "/v/c/prepared: [Errno 13] Permission denied"
