@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,10 @@ _DATA = ".jsonl"
 _MANIFEST = ".manifest.json"
 #: Records encoded and written at a time (see write_durably).
 _SLICE = 20_000
+#: A ``*.tmp`` file untouched this long was left by a writer killed mid-write (a live write touches
+#: it with every slice, and a write that resumes later fails at its rename): recovery removes it,
+#: so a crash does not keep the space of a half-written batch, on a full disk least of all.
+ORPHAN_TMP_S = 900.0
 
 
 def _safe_name(txn_id: str) -> str:
@@ -176,11 +181,19 @@ class FilesystemSink(BatchingSink):
                     out.append(TxnManifest.from_json(path.read_bytes()))
                 else:
                     path.unlink(missing_ok=True)  # committed or aborted after the data moved
+            self._remove_orphans(time.time() - ORPHAN_TMP_S)
         except (OSError, ValueError) as exc:
             if isinstance(exc, OSError):
                 raise self._error("recover", exc) from exc
             raise RetryableError(f"recover failed: {exc}", component="filesystem") from exc
         return out
+
+    def _remove_orphans(self, cutoff: float) -> None:
+        for d in (self.prepared_dir, self.epochs_dir):
+            for path in d.glob("*.tmp"):
+                with contextlib.suppress(FileNotFoundError):  # its writer finished or another recovery won
+                    if path.stat().st_mtime < cutoff:
+                        path.unlink()
 
     # -- for tests and the demo: what a reader sees ---------------------------------------
     def read_committed(self) -> list[dict[str, Any]]:

@@ -6,13 +6,14 @@ import errno
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
 from eosink.connectors.api.errors import ConfigError, RetryableError
 from eosink.connectors.api.records import SinkRecord
 from eosink.connectors.common.durable import describe_os_error
-from eosink.connectors.filesystem import FilesystemSink
+from eosink.connectors.filesystem import ORPHAN_TMP_S, FilesystemSink
 from tests.diskkit import Filler, tmpfs
 from tests.sinkkit import prepare
 
@@ -129,3 +130,20 @@ def test_quota_exceeded_is_told_apart_from_a_full_disk_and_names_the_file():
         "disk quota exceeded: no space left on the volume of /v/c writing /v/c/prepared/x.jsonl ([Errno 122] ")
     other = OSError(errno.EACCES, os.strerror(errno.EACCES), "/v/c/prepared")
     assert describe_os_error(other, "/v/c") == "/v/c/prepared: [Errno 13] Permission denied"
+
+
+def test_recovery_removes_the_half_written_files_of_a_writer_killed_mid_write_but_not_a_write_in_progress(tmp_path):
+    sink = FilesystemSink("c", {"file.path": str(tmp_path)})
+    sink.open()
+    killed = sink.prepared_dir / "c.w.1.1.jsonl.tmp"
+    killed.write_bytes(b'{"half": ')
+    old = time.time() - ORPHAN_TMP_S - 60
+    os.utime(killed, (old, old))
+    fence = sink.epochs_dir / "t.x-0.tmp"
+    fence.write_bytes(b"")
+    os.utime(fence, (old, old))
+    writing = sink.prepared_dir / "c.w.2.1.jsonl.tmp"
+    writing.write_bytes(b'{"being": ')
+    assert sink.recover() == []
+    assert not killed.exists() and not fence.exists()
+    assert writing.exists(), "recovery removed the file of a write in progress"
