@@ -96,8 +96,9 @@ class FilesystemSink(BatchingSink):
             if self.fsync:
                 _fsync_dir(self.prepared_dir)
         except OSError as exc:
-            with contextlib.suppress(OSError):  # no data without its manifest: the space goes back at once
+            with contextlib.suppress(OSError):  # nothing half-prepared stays: the space goes back at once
                 data_path.unlink(missing_ok=True)
+                (self.prepared_dir / (name + _MANIFEST)).unlink(missing_ok=True)
             raise self._error(f"prepare {manifest.txn_id}", exc) from exc
 
     def _write(self, path: Path, data: bytes) -> None:
