@@ -47,6 +47,8 @@ class PartitionHolder:
     _generation: str | None
     _resuming_until: float
     _recovered_at: float
+    #: The retryable error of the last recovery that failed: the cycle it aborts reports it (/status).
+    _recovery_error: BaseException | None
     _lock: threading.RLock
     _tolerance: Tolerance
 
@@ -100,8 +102,10 @@ class PartitionHolder:
             if outcome_of(exc) is Outcome.FATAL:
                 self._fail(exc)
             else:
+                self._recovery_error = exc
                 self.logger.warning("recovery_retry", error=str(exc))
             return False
+        self._recovery_error = None
         self._unrecovered -= targets
         self._recovered_at = time.monotonic()
         if not self._unrecovered and self.state is TaskState.RECOVERING:
