@@ -117,6 +117,7 @@ def test_worker_home_on_a_full_volume_delivers_exactly_once_because_the_worker_w
             rig.assert_exactly_once(publisher.committed, publisher.aborted)
             assert _retrying(rig) == [] and _failed(rig) == []
             assert writing == {str(worker.log_path)}, f"the worker writes files other than its stdout: {writing}"
+            assert worker.stop() == 0, "the worker did not stop cleanly with its home full"
             assert sorted(os.listdir(volume.path)) == ["filler"], "the worker wrote into its full home"
             assert volume.free_bytes() < 4096
             rig.stop()
