@@ -1,4 +1,5 @@
-"""A small real volume to fill: a tmpfs mounted for one test, a filler that keeps it full.
+"""A small real volume to fill: a tmpfs (or ext4 on a loop device) mounted for one test, and a
+filler that keeps it full.
 
 Mounting needs root (CAP_SYS_ADMIN): elsewhere the tests that use it skip, saying why. The mount
 is always undone, lazily when a process still holds it (a worker being stopped).
@@ -17,23 +18,35 @@ from pathlib import Path
 import pytest
 
 
-class Tmpfs:
-    """A tmpfs of ``size`` (``1m``) mounted at ``path`` until :meth:`unmount`."""
+def _mount(argv: list[str], what: str) -> None:
+    """Run a mount command; skip the test, saying why, when it cannot be (not root, no such tool)."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True)
+        why = done.stderr.strip() if done.returncode != 0 else ""
+    except FileNotFoundError as e:
+        why = f"no {argv[0]} command ({e})"
+    if why:
+        pytest.skip(f"cannot mount {what} (needs root): {why}")
 
-    def __init__(self, path: Path, size: str) -> None:
-        self.path = path
+
+class Volume:
+    """A small filesystem mounted at ``path`` until :meth:`unmount`: a tmpfs, or ext4 on a loop device."""
+
+    def __init__(self, path: Path, size: str, kind: str = "tmpfs") -> None:
+        self.path, self.kind = path, kind
+        self.image: Path | None = None
         path.mkdir(parents=True, exist_ok=True)
-        try:
-            done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
-                                  capture_output=True, text=True)
-            why = done.stderr.strip() if done.returncode != 0 else ""
-        except FileNotFoundError as e:
-            why = f"no mount command ({e})"
-        if why:
-            pytest.skip(f"cannot mount a {size} tmpfs at {path} (needs root): {why}")
+        if kind == "tmpfs":
+            _mount(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)], f"a {size} tmpfs at {path}")
+            return
+        self.image = path.with_name(path.name + ".img")
+        _mount(["truncate", "-s", size.upper(), str(self.image)], f"an image for {path}")
+        _mount(["mkfs.ext4", "-q", "-F", "-m", "0", str(self.image)], f"ext4 on {self.image}")  # -m 0: root has no reserve
+        _mount(["mount", "-o", "loop", str(self.image), str(path)], f"a {size} ext4 loop device at {path}")
 
     def grow(self, size: str) -> None:
-        """``mount -o remount,size=...``: the operator grows the volume; its files stay."""
+        """``mount -o remount,size=...`` (tmpfs): the operator grows the volume; its files stay."""
+        assert self.kind == "tmpfs", "only a tmpfs grows in place here"
         subprocess.run(["mount", "-o", f"remount,size={size}", str(self.path)], check=True)
 
     def free_bytes(self) -> int:
@@ -43,15 +56,21 @@ class Tmpfs:
     def unmount(self) -> None:
         if subprocess.run(["umount", str(self.path)], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", str(self.path)], check=True)
+        if self.image is not None:
+            self.image.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
-def tmpfs(path: Path, size: str) -> Iterator[Tmpfs]:
-    volume = Tmpfs(path, size)
+def volume(path: Path, size: str, kind: str = "tmpfs") -> Iterator[Volume]:
+    mounted = Volume(path, size, kind)
     try:
-        yield volume
+        yield mounted
     finally:
-        volume.unmount()
+        mounted.unmount()
+
+
+def tmpfs(path: Path, size: str) -> contextlib.AbstractContextManager[Volume]:
+    return volume(path, size, "tmpfs")
 
 
 class Filler(threading.Thread):

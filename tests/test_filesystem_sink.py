@@ -14,7 +14,7 @@ from eosink.connectors.api.errors import ConfigError, RetryableError
 from eosink.connectors.api.records import SinkRecord
 from eosink.connectors.common.durable import describe_os_error
 from eosink.connectors.filesystem import ORPHAN_TMP_S, FilesystemSink
-from tests.diskkit import Filler, tmpfs
+from tests.diskkit import Filler, volume
 from tests.sinkkit import prepare
 
 
@@ -85,16 +85,17 @@ def _leftovers(sink: FilesystemSink) -> list[str]:
     return sorted(p.name for p in sink.prepared_dir.iterdir())
 
 
-def test_prepare_on_a_full_volume_is_retryable_names_the_path_and_leaves_no_half_written_file(tmp_path):
-    with tmpfs(tmp_path / "vol", "1m") as volume:
-        sink = FilesystemSink("c", {"file.path": str(volume.path)})
+@pytest.mark.parametrize("kind", ["tmpfs", "ext4"])
+def test_prepare_on_a_full_volume_is_retryable_names_the_path_and_leaves_no_half_written_file(tmp_path, kind):
+    with volume(tmp_path / "vol", "4m", kind) as vol:
+        sink = FilesystemSink("c", {"file.path": str(vol.path)})
         sink.open()
-        filler = Filler(volume.path).fill()
+        filler = Filler(vol.path).fill()
         recs = _big_records(2000)  # ~450 kB: more than any page the filler leaves
         with pytest.raises(RetryableError) as err:
             prepare(sink, "c.w.1.1", recs)
         message = str(err.value)
-        assert "disk full" in message and str(volume.path) in message, message
+        assert "disk full" in message and str(vol.path) in message, message
         assert str(sink.prepared_dir / "c.w.1.1.jsonl") in message, message
         assert _leftovers(sink) == [], "a half-written prepared file stayed on the full volume"
         assert sink.recover() == []
@@ -106,12 +107,13 @@ def test_prepare_on_a_full_volume_is_retryable_names_the_path_and_leaves_no_half
         assert _leftovers(sink) == []
 
 
-def test_commit_on_a_full_volume_keeps_the_batch_prepared_and_completes_once_space_returns(tmp_path):
-    with tmpfs(tmp_path / "vol", "1m") as volume:
-        sink = FilesystemSink("c", {"file.path": str(volume.path)})
+@pytest.mark.parametrize("kind", ["tmpfs", "ext4"])
+def test_commit_on_a_full_volume_keeps_the_batch_prepared_and_completes_once_space_returns(tmp_path, kind):
+    with volume(tmp_path / "vol", "4m", kind) as vol:
+        sink = FilesystemSink("c", {"file.path": str(vol.path)})
         sink.open()
         prepare(sink, "c.w.1.1", _big_records(10), epoch=3)
-        filler = Filler(volume.path).fill()  # the first commit must write the partition's epoch fence
+        filler = Filler(vol.path).fill()  # the first commit must write the partition's epoch fence
         with pytest.raises(RetryableError, match="disk full") as err:
             sink.commit("c.w.1.1")
         assert str(sink.epochs_dir) in str(err.value)
