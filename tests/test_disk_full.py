@@ -68,6 +68,7 @@ def test_filesystem_volume_full_is_retryable_names_the_path_and_loses_nothing(ri
         assert _failed(rig) == [], f"a task failed on a full disk: {_failed(rig)}"
         assert any(str(volume.path / rig.connector) in s for s in shown), f"/status does not name the volume: {shown[:3]}"
 
+        filler.stop()
         volume.grow("64m")  # the operator grows the volume and removes what filled it
         filler.release()
         freed_at, target = time.monotonic(), len(publisher.committed)
