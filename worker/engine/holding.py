@@ -99,10 +99,11 @@ class PartitionHolder:
         try:
             recover(self.connector, self.sinks, self.log, self.grants, targets, self.unresolved, self.logger)
         except Exception as exc:  # noqa: BLE001 - classified below
-            if outcome_of(exc) is Outcome.FATAL:
+            fatal = outcome_of(exc) is Outcome.FATAL
+            self._recovery_error = None if fatal else exc  # a fatal one is the task's trace already
+            if fatal:
                 self._fail(exc)
             else:
-                self._recovery_error = exc
                 self.logger.warning("recovery_retry", error=str(exc))
             return False
         self._recovery_error = None
