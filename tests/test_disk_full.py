@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -98,6 +100,9 @@ def test_filesystem_volume_full_is_retryable_names_the_path_and_loses_nothing(ri
         rig, publisher, filler = _deliver_then_fill(rigs, stack, unique, tmp_path, volume)
         full_at = time.monotonic()
         shown = _watch_disk_full(rig, 6)
+        cli = subprocess.run([sys.executable, "-m", "eosink.worker.clients.cli", "connectors", "--url", rig.workers["w1"].url,
+                              "status", rig.connector], capture_output=True, text=True, timeout=60)
+        assert "RETRYING [filesystem]" in cli.stdout and "disk full" in cli.stdout, f"the CLI status: {cli.stdout}{cli.stderr}"
         assert all(w.proc.poll() is None for w in rig.workers.values()), "a worker died on a full disk"
         assert any(str(volume.path / rig.connector) in s for s in shown), f"/status does not name the volume: {shown[:3]}"
         freed_at, target = _free_then_count(rig, volume, filler, publisher)
