@@ -208,3 +208,20 @@ def zk(stack) -> Iterator:
     finally:
         client.stop()
         client.close()
+
+
+@pytest.fixture
+def rigs(kafka_admin) -> Iterator[list]:
+    """Fault rigs (:class:`tests.faultkit.Rig`) a test appends: stopped at the end (workers first, so
+    a volume under them can be unmounted), and their topics deleted."""
+    made: list = []
+    yield made
+    for r in made:
+        r.stop()
+    topics = [r.topic for r in made]
+    if topics:
+        for f in kafka_admin.delete_topics(topics).values():
+            try:
+                f.result(30)
+            except Exception:  # noqa: BLE001 - a private Kafka is gone already; names are unique anyway
+                pass

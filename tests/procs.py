@@ -25,7 +25,7 @@ class WorkerProcess:
     def __init__(self, stack, cluster: str, worker_id: str, log_dir: Path, *, fault: str | None = None,
                  session_timeout: float = 4.0, extra_env: dict[str, str] | None = None, metrics_port: int = 0,
                  zookeeper: str | None = None, rest_port: int = 0, extra_args: list[str] | None = None,
-                 cwd: Path = REPO) -> None:
+                 cwd: Path | None = None) -> None:
         self.worker_id = worker_id
         self.rest_port = rest_port
         self.url = f"http://127.0.0.1:{rest_port}"
@@ -40,7 +40,7 @@ class WorkerProcess:
              "--zookeeper", zookeeper or stack.zookeeper_hosts, "--cluster", cluster, "--worker-id", worker_id,
              "--session-timeout", str(session_timeout), "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1",
              "--rest-port", str(rest_port), "--rest-host", "127.0.0.1", *(extra_args or [])],
-            cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            cwd=cwd or REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
         )
 
     def signal(self, sig: int) -> None:
