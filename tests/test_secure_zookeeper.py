@@ -36,7 +36,7 @@ from eosink.connectors.api.records import TopicPartition
 from eosink.worker import paths
 from eosink.worker.engine.zk import CoordinatorAuthError, ZkCredentials, ZkSession, kazoo_client
 from tests.conftest import kafka_worker_env
-from tests.procs import WorkerProcess, publish, wait_until
+from tests.procs import WorkerProcess, cluster_init, publish, wait_until
 
 pytestmark = pytest.mark.secure
 
@@ -74,12 +74,6 @@ def _client(hosts: str, creds: ZkCredentials | None = None, ca: str | None = Non
     c = kazoo_client(hosts, creds, ca, timeout=10)
     c.start(timeout=20)
     return c
-
-
-def _cluster_init(cluster: str, env: dict[str, str], hosts: str | None = None) -> subprocess.CompletedProcess[str]:
-    """``eosink cluster init`` in a process of its own, as an operator runs it."""
-    where = ["--zookeeper", hosts] if hosts else []
-    return _cli("cluster", "init", *where, "--cluster", cluster, env=env)
 
 
 def other_principal(material) -> ZkCredentials:
@@ -125,7 +119,7 @@ def secured_run(secure_stack, secure_material, secure_zookeeper_env, secure_kafk
     owner = ZkCredentials(secure_material.user("zookeeper"), secure_material.password("zookeeper"))
     ref = secure_zookeeper_env["EOSINK_ZOOKEEPER_PASSWORD"]  # a ${file:...} reference: the worker resolves it
     ca = str(secure_material.ca_cert)
-    init = _cluster_init(cluster, {**secure_zookeeper_env}, secure_stack.zookeeper_hosts)
+    init = cluster_init(cluster, {**secure_zookeeper_env}, secure_stack.zookeeper_hosts)
     assert init.returncode == 0, init.stderr
     session = ZkSession(secure_stack.zookeeper_hosts, cluster, credentials=owner, ca_file=ca).start()
     try:
@@ -246,7 +240,7 @@ def test_worker_of_another_cluster_with_its_own_credentials_runs_beside_but_cann
     other_cluster = f"{secured_run.cluster}-other"
     env = _owner_env(other.password, other.user, secured_run.ca_file)
     # Its own cluster: its principal creates /eosink/<its cluster> beside the first one's, and its worker runs.
-    init = _cluster_init(other_cluster, env, secured_run.hosts)
+    init = cluster_init(other_cluster, env, secured_run.hosts)
     assert init.returncode == 0 and f"owned by sasl:{other.user}" in init.stdout, init.stderr
     w = WorkerProcess(secure_stack, other_cluster, "other-w1", tmp_path, extra_env=env)
     try:
@@ -444,7 +438,7 @@ def test_worker_against_the_local_secure_stack_takes_its_zookeeper_credentials_a
     cluster = f"{secured_run.cluster}-defaults"
     env = {**kafka_worker_env(), "EOSINK_HOME": str(SECURE_HOME), "EOSINK_ZOOKEEPER_USER": "", "EOSINK_ZOOKEEPER_PASSWORD": "",
            "EOSINK_ZOOKEEPER_CA_FILE": ""}
-    init = _cluster_init(cluster, env)  # the stack's own address and principal, no settings either
+    init = cluster_init(cluster, env)  # the stack's own address and principal, no settings either
     assert init.returncode == 0 and f"owned by sasl:{secured_run.owner.user}" in init.stdout, init.stderr
     w = WorkerProcess(secure_stack, cluster, "defaults-w1", tmp_path, extra_env=env)
     try:

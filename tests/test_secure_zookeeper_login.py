@@ -5,37 +5,30 @@ a znode that anyone may read answers it, where the right password reads it. eosi
 refusal in one line naming the ZooKeeper address and the principal. A worker with credentials that
 finds no cluster root refuses to start and names ``eosink cluster init``; that command creates the
 root once, the principal's alone, and says so when run again. A root made first by another
-principal (squatted, shared with the cluster's own) is refused by both.
+principal (squatted, shared with the cluster's own) is refused by both. Without credentials (the
+open stack) the command makes the open root that workers there still make themselves.
 """
 
 from __future__ import annotations
 
-import os
 import secrets
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 from kazoo.exceptions import ConnectionClosedError
 from kazoo.protocol.states import KeeperState
-from kazoo.security import ACL, Id, Permissions
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions
 
 from eosink.worker import paths
 from eosink.worker.engine.zk import CoordinatorAuthError, ZkCredentials, ZkSession, kazoo_client
 from tests.conftest import kafka_worker_env
-from tests.procs import WorkerProcess, wait_until
+from tests.procs import WorkerProcess, cluster_init, wait_until
 
 pytestmark = pytest.mark.secure
 
 #: ZooKeeper's own znode, readable by anyone who has a session (its ACL is world:anyone).
 WORLD_READABLE = "/zookeeper"
-
-
-def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "eosink.worker.clients.cli", *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **env})
 
 
 def _owner(material) -> ZkCredentials:
@@ -107,8 +100,7 @@ def test_cluster_init_with_a_wrong_password_exits_with_one_line_naming_zookeeper
         secure_stack, secure_material, secure_zookeeper_env):
     cluster = f"init-wrong-{uuid.uuid4().hex[:8]}"
     wrong = secrets.token_urlsafe(24)
-    done = _cli("cluster", "init", "--zookeeper", secure_stack.zookeeper_hosts, "--cluster", cluster,
-                env={**secure_zookeeper_env, "EOSINK_ZOOKEEPER_PASSWORD": wrong})
+    done = cluster_init(cluster, {**secure_zookeeper_env, "EOSINK_ZOOKEEPER_PASSWORD": wrong}, secure_stack.zookeeper_hosts)
     assert done.returncode == 2, done.stderr
     line = _one_error_line(done.stderr)
     assert f"ZooKeeper at {secure_stack.zookeeper_hosts} refused the login of user eosink" in line
@@ -132,12 +124,11 @@ def test_cluster_init_creates_the_root_once_as_the_principals_alone_and_then_a_w
         secure_stack, secure_material, secure_zookeeper_env, tmp_path):
     cluster = f"init-{uuid.uuid4().hex[:8]}"
     root = paths.cluster_root(cluster)
-    args = ("cluster", "init", "--zookeeper", secure_stack.zookeeper_hosts, "--cluster", cluster)
-    first = _cli(*args, env=secure_zookeeper_env)
+    first = cluster_init(cluster, secure_zookeeper_env, secure_stack.zookeeper_hosts)
     assert first.returncode == 0, first.stderr
     assert first.stdout.strip() == (f"cluster {cluster}: {root} created owned by sasl:eosink "
                                     f"(ZooKeeper at {secure_stack.zookeeper_hosts})")
-    again = _cli(*args, env=secure_zookeeper_env)
+    again = cluster_init(cluster, secure_zookeeper_env, secure_stack.zookeeper_hosts)
     assert again.returncode == 0 and "already exists, owned by sasl:eosink" in again.stdout, again.stderr
     c = kazoo_client(secure_stack.zookeeper_hosts, _owner(secure_material), str(secure_material.ca_cert))
     c.start(timeout=20)
@@ -169,7 +160,7 @@ def test_cluster_root_squatted_by_another_principal_is_refused_by_init_and_by_wo
     finally:
         squatter.stop()
         squatter.close()
-    init = _cli("cluster", "init", "--zookeeper", secure_stack.zookeeper_hosts, "--cluster", cluster, env=secure_zookeeper_env)
+    init = cluster_init(cluster, secure_zookeeper_env, secure_stack.zookeeper_hosts)
     assert init.returncode == 2, init.stderr
     assert f"{root} also admits sasl:{other.user} besides sasl:eosink" in _one_error_line(init.stderr)
     w = WorkerProcess(secure_stack, cluster, "squat-w1", tmp_path, extra_env={**secure_zookeeper_env, **kafka_worker_env()})
@@ -178,3 +169,16 @@ def test_cluster_root_squatted_by_another_principal_is_refused_by_init_and_by_wo
     assert rc == 2, log[-2000:]
     assert f"{root} also admits sasl:{other.user}" in _one_error_line(log)
     assert '"worker_started"' not in log
+
+
+def test_cluster_init_without_credentials_makes_the_open_root_an_open_stacks_workers_make_themselves(stack, tmp_path):
+    cluster = f"open-init-{uuid.uuid4().hex[:8]}"
+    env = {"EOSINK_HOME": str(tmp_path / "no-stack"), "EOSINK_ZOOKEEPER_USER": "", "EOSINK_ZOOKEEPER_PASSWORD": ""}
+    done = cluster_init(cluster, env, stack.zookeeper_hosts)
+    assert done.returncode == 0, done.stderr
+    assert f"{paths.cluster_root(cluster)} created owned by world:anyone (no credentials)" in done.stdout
+    session = ZkSession(stack.zookeeper_hosts, cluster).start()  # what an open worker starts with: no refusal
+    try:
+        assert session.client.get_acls(session.root)[0] == list(OPEN_ACL_UNSAFE)
+    finally:
+        session.stop()
