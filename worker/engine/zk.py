@@ -216,8 +216,9 @@ class ZkSession:
     def _login_refused(self) -> CoordinatorAuthError:
         user = self.credentials.user if self.credentials else "(none)"
         return CoordinatorAuthError(
-            f"ZooKeeper at {self.hosts} refused the login of user {user} (SASL DIGEST-MD5): a wrong password, or a user "
-            f"the server does not know (check {CREDENTIAL_SETTINGS})", component="zookeeper")
+            f"ZooKeeper at {self.hosts} refused the login of user {user} (SASL DIGEST-MD5): a wrong password, a user the "
+            f"server does not know, or a server without SASL users (then --zookeeper-auth-scheme digest) (check "
+            f"{CREDENTIAL_SETTINGS})", component="zookeeper")
 
     def _check_root_acl(self, lock_open_tree: bool) -> None:
         """The root must exist and admit this principal alone (or be open, and taken over on request)."""
@@ -241,7 +242,8 @@ class ZkSession:
             locked = lock_open_tree_acls(self.client, self.root, creds.acl)
             log.warning("zookeeper_tree_locked", root=self.root, user=creds.user, znodes=locked)
             return
-        others = sorted(f"{a.id.scheme}:{a.id.id}" for a in acls if a not in creds.acl)
+        own = {a.id for a in creds.acl}
+        others = sorted({f"{a.id.scheme}:{a.id.id}" for a in acls if a.id not in own})
         if others:
             raise ClusterRootForeignError(
                 f"{self.root} also admits {', '.join(others)} besides {creds.scheme}:{creds.user}: it was not made by "
@@ -320,6 +322,7 @@ def _sasl_refusal_fails_the_login(client: KazooClient) -> None:
     kazoo 2.11 raises it out of its connection thread, which dies with a traceback on stderr while the
     request waiting on the session gets ConnectionLoss. As AuthFailedError it is what kazoo handles:
     the session state becomes AUTH_FAILED, no reconnection is tried, waiting requests get AuthFailedError.
+    (kazoo's development line catches it itself, after 2.11; this stays harmless there.)
     """
     conn = client._connection
     login = conn._authenticate_with_sasl
