@@ -22,14 +22,11 @@ import os
 import socket
 import ssl
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from eosink.worker.stack import jvm, proc
 from eosink.worker.stack.components.base import Component
 from eosink.worker.stack.layout import HOST
-
-if TYPE_CHECKING:
-    from eosink.worker.stack import secure as secure_material
 
 PORT_ENV = "EOSINK_ZOOKEEPER_PORT"
 
@@ -77,14 +74,14 @@ class ZooKeeper(Component):
 
             m = secure.material(self.layout)
             _write_private(self.keystore, m.server_key.read_text() + m.server_cert.read_text())
-            _write_private(self.jaas_file, jaas_config(m))
+            _write_private(self.jaas_file, self._jaas())
         _write_private(self.config_file, self._config())  # 0600, as the JAAS file beside it
         argv = [
             java, "-Xms64m", "-Xmx256m", "-XX:-UsePerfData", "-Djava.awt.headless=true",
+            *([f"-Djava.security.auth.login.config={self.jaas_file}"] if self.layout.secure else []),  # SASL users
             # slf4j-simple (see the pom) logs to stderr, which spawn() sends to zookeeper.log.
             "-Dorg.slf4j.simpleLogger.showDateTime=true",
             "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd'T'HH:mm:ss.SSS",
-            *([f"-Djava.security.auth.login.config={self.jaas_file}"] if self.layout.secure else []),
             "-cp", classpath, "org.apache.zookeeper.server.ZooKeeperServerMain", str(self.config_file),
         ]
         return proc.spawn(argv, self.log_path, cwd=self.data_dir)
@@ -147,6 +144,14 @@ class ZooKeeper(Component):
             f"superUser={m.user('zookeeper.admin')}",
         ]
 
+    def _jaas(self) -> str:
+        """The JAAS ``Server`` section: every ZooKeeper principal of the stack (``secure.ZOOKEEPER_ROLES``) and its password."""
+        from eosink.worker.stack import secure
+
+        m = secure.material(self.layout)
+        users = "\n".join(f'    user_{m.user(role)}="{_jaas_quote(m.password(role))}"' for role in secure.ZOOKEEPER_ROLES)
+        return f"Server {{\n    org.apache.zookeeper.server.auth.DigestLoginModule required\n{users};\n}};\n"
+
     def probe(self) -> None:
         # `ruok` answers imok even when the server thread died at start-up (seen here: a missing
         # class while loading the database), so also ask `srvr`, which names the serving mode.
@@ -172,14 +177,6 @@ class ZooKeeper(Component):
                 while chunk := s.recv(4096):
                     answer += chunk
         return answer
-
-
-def jaas_config(m: secure_material.Material) -> str:
-    """The JAAS ``Server`` section: every ZooKeeper principal of the stack (``secure.ZOOKEEPER_ROLES``) and its password."""
-    from eosink.worker.stack.secure import ZOOKEEPER_ROLES
-
-    users = "\n".join(f'    user_{m.user(role)}="{_jaas_quote(m.password(role))}"' for role in ZOOKEEPER_ROLES)
-    return f"Server {{\n    org.apache.zookeeper.server.auth.DigestLoginModule required\n{users};\n}};\n"
 
 
 def _jaas_quote(value: str) -> str:
