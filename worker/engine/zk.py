@@ -37,10 +37,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from kazoo import security
 from kazoo.client import KazooClient, KazooState, KeeperState
 from kazoo.exceptions import AuthFailedError, NoAuthError, NodeExistsError, NoNodeError, SessionClosedRequireSaslError
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.security import ACL, ANYONE_ID_UNSAFE, OPEN_ACL_UNSAFE, Id, Permissions, make_digest_acl
+from kazoo.security import ACL, ANYONE_ID_UNSAFE, OPEN_ACL_UNSAFE, Permissions, make_digest_acl
 
 from eosink.connectors.api.errors import CoordinatorUnavailableError, FatalError
 from eosink.worker import paths
@@ -123,12 +124,16 @@ class ZkCredentials:
     def acl(self) -> list[ACL]:
         """Every permission for this principal, none for anyone else."""
         if self.scheme == "sasl":
-            return [ACL(Permissions.ALL, Id("sasl", self.user))]
+            return [security.make_acl("sasl", self.user, all=True)]
         return [make_digest_acl(self.user, self.password, all=True)]
 
-    def client_kwargs(self) -> dict[str, object]:
+    def login_kwargs(self) -> dict[str, Any]:
+        """What a KazooClient needs to authenticate as this principal."""
+        return {"auth_data": self.auth_data or None, "sasl_options": self.sasl_options}
+
+    def client_kwargs(self) -> dict[str, Any]:
         """What a KazooClient needs to authenticate as this principal and create znodes only it may use."""
-        return {"auth_data": self.auth_data or None, "sasl_options": self.sasl_options, "default_acl": self.acl}
+        return {**self.login_kwargs(), "default_acl": self.acl}
 
 
 class ZkSession:
@@ -147,7 +152,10 @@ class ZkSession:
         self._kazoo_log = _StartLogger(logging.getLogger("kazoo.client"), {})
         # kazoo authenticates (SASL, or addauth for digest) right after every (re)connect, before any request:
         # a server that enforces authentication never sees an unauthenticated request from this client.
-        self.client = kazoo_client(hosts, credentials, ca_file, timeout=session_timeout, logger=self._kazoo_log)
+        self.client = KazooClient(hosts=hosts, timeout=session_timeout,
+                                  **(credentials.login_kwargs() if credentials else {}),
+                                  default_acl=credentials.acl if credentials else None, logger=self._kazoo_log,
+                                  use_ssl=ca_file is not None, ca=ca_file, verify_certs=True, check_hostname=ca_file is not None)
         self.ca_file = ca_file
         self._state = KazooState.LOST
         self._suspended_at: float | None = None
@@ -155,6 +163,8 @@ class ZkSession:
         self._stopping = False
         self.created_root = False
         self.client.add_listener(self._on_state)
+        if credentials is not None and credentials.scheme == "sasl":
+            _sasl_refusal_fails_the_login(self.client)
 
     def start(self, timeout: float = 30.0, lock_open_tree: bool = False, create_root: bool | None = None) -> ZkSession:
         """Connect and make sure this process may use the cluster's tree.
