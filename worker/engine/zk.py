@@ -148,6 +148,7 @@ class ZkSession:
         self.session_timeout = session_timeout
         self.request_timeout = max(2.0, session_timeout / 2)
         self.credentials = credentials
+        self.created_root = False  # set by start(): whether it created the cluster's root
         self.hosts = hosts
         self._kazoo_log = _StartLogger(logging.getLogger("kazoo.client"), {})
         # kazoo authenticates (SASL, or addauth for digest) right after every (re)connect, before any request:
@@ -161,7 +162,6 @@ class ZkSession:
         self._suspended_at: float | None = None
         self._lock = threading.Lock()
         self._stopping = False
-        self.created_root = False
         self.client.add_listener(self._on_state)
         if credentials is not None and credentials.scheme == "sasl":
             _sasl_refusal_fails_the_login(self.client)
@@ -313,39 +313,6 @@ class ZkSession:
             time.sleep(0.05)
 
 
-def kazoo_client(hosts: str, credentials: ZkCredentials | None = None, ca_file: str | None = None,
-                 **kwargs: Any) -> KazooClient:
-    """A KazooClient (not started) that authenticates as ``credentials`` and creates znodes only they may use;
-    ``ca_file``: over TLS, verifying the server's certificate and host name against this CA."""
-    auth = credentials.client_kwargs() if credentials else {}
-    client = KazooClient(hosts=hosts, use_ssl=ca_file is not None, ca=ca_file, verify_certs=True,
-                         check_hostname=ca_file is not None, **auth, **kwargs)
-    if credentials is not None and credentials.scheme == "sasl":
-        _sasl_refusal_fails_the_login(client)
-    return client
-
-
-def _sasl_refusal_fails_the_login(client: KazooClient) -> None:
-    """Make a SASL login the server refuses end the session as AUTH_FAILED, as kazoo does for other login failures.
-
-    ZooKeeper answers a wrong DIGEST-MD5 password with the error SESSION_CLOSED_REQUIRE_SASL_AUTH;
-    kazoo 2.11 raises it out of its connection thread, which dies with a traceback on stderr while the
-    request waiting on the session gets ConnectionLoss. As AuthFailedError it is what kazoo handles:
-    the session state becomes AUTH_FAILED, no reconnection is tried, waiting requests get AuthFailedError.
-    (kazoo's development line catches it itself, after 2.11; this stays harmless there.)
-    """
-    conn = client._connection
-    login = conn._authenticate_with_sasl
-
-    def authenticate(host: str, timeout: float) -> None:
-        try:
-            login(host, timeout)
-        except SessionClosedRequireSaslError as exc:
-            raise AuthFailedError("the server refused the SASL login") from exc
-
-    conn._authenticate_with_sasl = authenticate
-
-
 def _create(client: KazooClient, path: str, acl: list[ACL]) -> bool:
     """Create ``path`` with ``acl`` unless it exists (True: created). Not ``ensure_path``: its ``exists`` needs
     READ on the path, which ``/eosink`` gives nobody."""
@@ -381,3 +348,36 @@ def lock_open_tree_acls(client: KazooClient, root: str, acl: list[ACL]) -> int:
 
     walk(root)
     return count
+
+
+def kazoo_client(hosts: str, credentials: ZkCredentials | None = None, ca_file: str | None = None,
+                 **kwargs: Any) -> KazooClient:
+    """A KazooClient (not started) that authenticates as ``credentials`` and creates znodes only they may use;
+    ``ca_file``: over TLS, verifying the server's certificate and host name against this CA."""
+    auth = credentials.client_kwargs() if credentials else {}
+    client = KazooClient(hosts=hosts, use_ssl=ca_file is not None, ca=ca_file, verify_certs=True,
+                         check_hostname=ca_file is not None, **auth, **kwargs)
+    if credentials is not None and credentials.scheme == "sasl":
+        _sasl_refusal_fails_the_login(client)
+    return client
+
+
+def _sasl_refusal_fails_the_login(client: KazooClient) -> None:
+    """Make a SASL login the server refuses end the session as AUTH_FAILED, as kazoo does for other login failures.
+
+    ZooKeeper answers a wrong DIGEST-MD5 password with the error SESSION_CLOSED_REQUIRE_SASL_AUTH;
+    kazoo 2.11 raises it out of its connection thread, which dies with a traceback on stderr while the
+    request waiting on the session gets ConnectionLoss. As AuthFailedError it is what kazoo handles:
+    the session state becomes AUTH_FAILED, no reconnection is tried, waiting requests get AuthFailedError.
+    (kazoo's development line catches it itself, after 2.11; this stays harmless there.)
+    """
+    conn = client._connection
+    login = conn._authenticate_with_sasl
+
+    def authenticate(host: str, timeout: float) -> None:
+        try:
+            login(host, timeout)
+        except SessionClosedRequireSaslError as exc:
+            raise AuthFailedError("the server refused the SASL login") from exc
+
+    conn._authenticate_with_sasl = authenticate
