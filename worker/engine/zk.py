@@ -196,15 +196,16 @@ class ZkSession:
             if self.credentials is None:
                 # Open to anyone, as before credentials existed; created without ensure_path, whose
                 # exists("/eosink") a parent made by a worker with credentials refuses.
-                created = create_root and _create(self.client, paths.ROOT, OPEN_ACL_UNSAFE) | _create(
-                    self.client, self.root, OPEN_ACL_UNSAFE)
+                if create_root:
+                    _create(self.client, paths.ROOT, OPEN_ACL_UNSAFE)
+                created = create_root and _created(self.client, self.root, OPEN_ACL_UNSAFE)
                 self.client.get(self.root)  # a tree protected by ACLs refuses even this
                 return bool(created)
             created = False
             if create_root:
                 _create(self.client, paths.ROOT, TOP_ACL)
                 self._warn_if_parent_open()
-                created = _create(self.client, self.root, self.credentials.acl)
+                created = _created(self.client, self.root, self.credentials.acl)
             self._check_root_acl(lock_open_tree)
             self.client.get(self.root)
             return created
@@ -313,14 +314,10 @@ class ZkSession:
             time.sleep(0.05)
 
 
-def _create(client: KazooClient, path: str, acl: list[ACL]) -> bool:
-    """Create ``path`` with ``acl`` unless it exists (True: created). Not ``ensure_path``: its ``exists`` needs
-    READ on the path, which ``/eosink`` gives nobody."""
-    try:
-        client.create(path, acl=acl)
-    except NodeExistsError:
-        return False
-    return True
+def _create(client: KazooClient, path: str, acl: list[ACL]) -> None:
+    """Create ``path`` with ``acl`` unless it exists. Not ``ensure_path``: its ``exists`` needs READ on
+    the path, which ``/eosink`` gives nobody."""
+    _created(client, path, acl)
 
 
 def lock_open_tree_acls(client: KazooClient, root: str, acl: list[ACL]) -> int:
@@ -381,3 +378,12 @@ def _sasl_refusal_fails_the_login(client: KazooClient) -> None:
             raise AuthFailedError("the server refused the SASL login") from exc
 
     conn._authenticate_with_sasl = authenticate
+
+
+def _created(client: KazooClient, path: str, acl: list[ACL]) -> bool:
+    """Create ``path`` with ``acl`` unless it exists; True when this call created it."""
+    try:
+        client.create(path, acl=acl)
+    except NodeExistsError:
+        return False
+    return True
