@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo import security
-from kazoo.client import KazooClient, KazooState, KeeperState
+from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import AuthFailedError, NoAuthError, NodeExistsError, NoNodeError, SessionClosedRequireSaslError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.security import ACL, ANYONE_ID_UNSAFE, OPEN_ACL_UNSAFE, Permissions, make_digest_acl
@@ -163,8 +163,9 @@ class ZkSession:
         self._lock = threading.Lock()
         self._stopping = False
         self.client.add_listener(self._on_state)
+        self._login_failed = threading.Event()
         if credentials is not None and credentials.scheme == "sasl":
-            _sasl_refusal_fails_the_login(self.client)
+            _sasl_refusal_fails_the_login(self.client, self._login_failed)
 
     def start(self, timeout: float = 30.0, lock_open_tree: bool = False, create_root: bool | None = None) -> ZkSession:
         """Connect and make sure this process may use the cluster's tree.
@@ -177,15 +178,18 @@ class ZkSession:
         try:
             self.client.start(timeout=timeout)
         except KazooTimeoutError as exc:
-            if self.client.client_state == KeeperState.AUTH_FAILED:  # the login failed before start() returned
+            if self._login_failed.is_set():  # the login failed before start() returned (the state is CLOSED by now)
                 raise self._login_refused() from None
             how = f"over TLS trusting {self.ca_file}" if self.ca_file else "without TLS (a TLS-only server? set --zookeeper-ca-file)"
             raise CoordinatorUnavailableError(f"cannot connect to ZooKeeper at {self.hosts} {how}", component="zookeeper") from exc
         self._state = KazooState.CONNECTED
         try:
             self.created_root = self._ensure_root(lock_open_tree, self.credentials is None if create_root is None else create_root)
-        except BaseException:
+        except BaseException as exc:
             self.stop()
+            if self._login_failed.is_set() and not isinstance(exc, CoordinatorAuthError):
+                # a request sent as the login failed meets a closed connection, not the refusal itself
+                raise self._login_refused() from None
             raise
         self._kazoo_log.quiet = False
         return self
@@ -359,14 +363,15 @@ def kazoo_client(hosts: str, credentials: ZkCredentials | None = None, ca_file: 
     return client
 
 
-def _sasl_refusal_fails_the_login(client: KazooClient) -> None:
+def _sasl_refusal_fails_the_login(client: KazooClient, failed: threading.Event | None = None) -> None:
     """Make a SASL login the server refuses end the session as AUTH_FAILED, as kazoo does for other login failures.
 
     ZooKeeper answers a wrong DIGEST-MD5 password with the error SESSION_CLOSED_REQUIRE_SASL_AUTH;
     kazoo 2.11 raises it out of its connection thread, which dies with a traceback on stderr while the
     request waiting on the session gets ConnectionLoss. As AuthFailedError it is what kazoo handles:
     the session state becomes AUTH_FAILED, no reconnection is tried, waiting requests get AuthFailedError.
-    (kazoo's development line catches it itself, after 2.11; this stays harmless there.)
+    (kazoo's development line catches it itself, after 2.11; this stays harmless there.) ``failed`` is set
+    on every failed login, so a caller can tell one from a lost connection after the state moved on.
     """
     conn = client._connection
     login = conn._authenticate_with_sasl
@@ -374,7 +379,13 @@ def _sasl_refusal_fails_the_login(client: KazooClient) -> None:
     def authenticate(host: str, timeout: float) -> None:
         try:
             login(host, timeout)
+        except AuthFailedError:
+            if failed is not None:
+                failed.set()
+            raise
         except SessionClosedRequireSaslError as exc:
+            if failed is not None:
+                failed.set()
             raise AuthFailedError("the server refused the SASL login") from exc
 
     conn._authenticate_with_sasl = authenticate
