@@ -116,14 +116,23 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interva
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def cluster_init(cluster: str, env: dict[str, str], hosts: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``eosink cluster init`` in a process of its own, as an operator runs it (``env``: its ZooKeeper settings;
+    ``hosts``: its ``--zookeeper``, else the local stack's)."""
+    where = ["--zookeeper", hosts] if hosts else []
+    return subprocess.run([sys.executable, "-m", "eosink.worker.clients.cli", "cluster", "init", *where, "--cluster", cluster],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, **env}, cwd=REPO)
+
+
 def register(zk_hosts: str, cluster: str, name: str, config: dict, credentials=None, ca_file: str | None = None) -> None:
-    """Store a connector as the CLI's direct mode does (``credentials``/``ca_file``: a secured ZooKeeper)."""
+    """Store a connector as the CLI's direct mode does (``credentials``/``ca_file``: a secured ZooKeeper, whose cluster
+    root is created first, as ``eosink cluster init`` does)."""
     from eosink.worker.control.config import parse_connector
     from eosink.worker.control.store import ConnectorStore
     from eosink.worker.engine.zk import ZkSession
 
     parse_connector(name, config, resolve=False)  # the same validation as the CLI and the REST API
-    session = ZkSession(zk_hosts, cluster, credentials=credentials, ca_file=ca_file).start()
+    session = ZkSession(zk_hosts, cluster, credentials=credentials, ca_file=ca_file).start(create_root=True)
     try:
         ConnectorStore(session).put(name, config)
     finally:
