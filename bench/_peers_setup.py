@@ -1,7 +1,7 @@
 """The topic, the connector configurations and the checks of bench/bench_peers.py.
 
 Every record is Kafka Connect's JSON envelope (``JsonConverter`` with ``schemas.enable=true``):
-``{"schema": <a struct of the order's nine fields>, "payload": <the order>}``, ~830 bytes, key the
+``{"schema": <a struct of the order's nine fields>, "payload": <the order>}``, ~770 bytes, key the
 id as a string; the payload is ``bench._data.order(i)``. Both sides of each comparison read it:
 Debezium's and Iceberg's sinks through ``JsonConverter``, eosink with
 ``value.converter.schemas.enable=true``.
@@ -47,7 +47,7 @@ def prefill(bootstrap: str, topic: str, n: int, partitions: int) -> None:
 
 def create_topic(bootstrap: str, topic: str) -> None:
     """A fresh one-partition topic (Iceberg's control topic)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
 
 
