@@ -88,7 +88,7 @@ class PgTable:
     """A table one side writes: its row count as a probe, its ids checked, then dropped."""
 
     def __init__(self, dsn: str, table: str) -> None:
-        self.table = table
+        self.dsn, self.table = dsn, table
         self.conn = psycopg.connect(dsn, autocommit=True)
         self.count_sql = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))
 
@@ -96,6 +96,9 @@ class PgTable:
         try:
             row = self.conn.execute(self.count_sql).fetchone()
         except psycopg.errors.UndefinedTable:
+            return 0
+        except psycopg.OperationalError:  # the server restarted under the probe: ask again next time
+            self.conn = psycopg.connect(self.dsn, autocommit=True)
             return 0
         return int(row[0]) if row else 0
 
@@ -175,10 +178,11 @@ class IcebergTable:
 
     def count(self) -> int:
         from pyiceberg.exceptions import NoSuchTableError
+        from sqlalchemy.exc import OperationalError
 
         try:
             snap = self.catalog.load_table(self.ident).current_snapshot()
-        except NoSuchTableError:
+        except (NoSuchTableError, OperationalError):  # not created yet; the catalog's server restarted
             return 0
         return int(snap.summary["total-records"]) if snap is not None and snap.summary else 0
 
