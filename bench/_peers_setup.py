@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
@@ -45,10 +46,14 @@ def prefill(bootstrap: str, topic: str, n: int, partitions: int) -> None:
         print(f"  {topic} already holds {n:,} records in {partitions} partitions")
 
 
-def create_topic(bootstrap: str, topic: str) -> None:
-    """A fresh one-partition topic (Iceberg's control topic)."""
+def create_topic(bootstrap: str, topic: str, delete: bool = False) -> None:
+    """A fresh one-partition topic (Iceberg's control topic); ``delete``: delete it instead."""
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    if delete:  # best effort: it may not have been created
+        with suppress(KafkaException):
+            admin.delete_topics([topic], operation_timeout=30)[topic].result(60)
+    else:
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
 
 
 # ---------------------------------------------------------------------------------------- PostgreSQL
@@ -112,7 +117,13 @@ class PgTable:
         return f"{'ok' if ok else 'FAILED'}: {text.replace('lines', 'rows')}"
 
     def drop(self) -> None:
-        self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self.table)))
+        """The table, and the staging tables eosink's upsert leaves beside it (``<table>__eosink_stage_*``)."""
+        if self.conn.closed:
+            self.conn = psycopg.connect(self.dsn, autocommit=True)
+        like = self.table.replace("_", r"\_") + r"\_\_eosink\_stage\_%"
+        stages = [t for (t,) in self.conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE %s", (like,))]
+        for name in (self.table, *stages):
+            self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
         self.conn.close()
 
 

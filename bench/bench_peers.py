@@ -97,10 +97,10 @@ def iceberg_pair(ep: Any, topic: str, n: int, tag: str, workdir: Path, args: arg
             table = setup.IcebergTable(catalog, ident)
             name = f"peers-{tag}-{side}"
             groups = [f"connect-{name}"]
+            control = f"peers-control-{tag}"  # fresh per run: a reused one lost rows silently
             try:
                 print(f"  {side} iceberg ...", end="", flush=True)
                 if side == "iceberg-connect":
-                    control = f"peers-control-{tag}"  # fresh per run: a reused one lost rows silently
                     setup.create_topic(ep.kafka_bootstrap, control)
                     groups.append(f"cg-control-{name}")
                     cfg = setup.iceberg_connect_config(name, ep, topic, ident, warehouse, control, args.commit_interval_ms)
@@ -119,6 +119,8 @@ def iceberg_pair(ep: Any, topic: str, n: int, tag: str, workdir: Path, args: arg
                 if not args.keep:
                     table.drop()
                 delete_groups(ep.kafka_bootstrap, groups)
+                if side == "iceberg-connect":
+                    setup.create_topic(ep.kafka_bootstrap, control, delete=True)
     return out
 
 
