@@ -83,7 +83,7 @@ def postgres_pair(ep: Any, topic: str, n: int, mode: str, tag: str, workdir: Pat
         finally:
             if not args.keep:
                 pg.drop()
-            delete_groups(ep.kafka_bootstrap, [f"connect-{name}"])
+            delete_groups(ep.kafka_bootstrap, [f"connect-{name}", f"eosink-{name}"])
     return out
 
 
@@ -96,13 +96,12 @@ def iceberg_pair(ep: Any, topic: str, n: int, tag: str, workdir: Path, args: arg
             ident = f"{setup.NAMESPACE}.{side.replace('-', '_')}_{tag}"
             table = setup.IcebergTable(catalog, ident)
             name = f"peers-{tag}-{side}"
-            groups = [f"connect-{name}"]
+            groups = [f"connect-{name}", f"eosink-{name}", f"connect-{name}-coord", f"cg-control-{name}"]
             control = f"peers-control-{tag}"  # fresh per run: a reused one lost rows silently
             try:
                 print(f"  {side} iceberg ...", end="", flush=True)
                 if side == "iceberg-connect":
                     setup.create_topic(ep.kafka_bootstrap, control)
-                    groups.append(f"cg-control-{name}")
                     cfg = setup.iceberg_connect_config(name, ep, topic, ident, warehouse, control, args.commit_interval_ms)
                     run = run_connect("Iceberg Kafka Connect sink", "iceberg-connect", CONNECT_WORKER, cfg,
                                       ep.kafka_bootstrap, workdir, n, table.count, args.poll_s, args.timeout_s)
