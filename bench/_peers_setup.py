@@ -116,10 +116,20 @@ class PgTable:
         ok, text = ids.summary()
         return f"{'ok' if ok else 'FAILED'}: {text.replace('lines', 'rows')}"
 
-    def drop(self) -> None:
-        """The table, and the staging tables eosink's upsert leaves beside it (``<table>__eosink_stage_*``)."""
+    def _reconnect(self) -> None:
         if self.conn.closed:
             self.conn = psycopg.connect(self.dsn, autocommit=True)
+
+    def forget(self, connector: str) -> None:
+        """eosink's bookkeeping rows of ``connector`` (offsets, committed txns, manifests), as bench_e2e drops them."""
+        self._reconnect()
+        for t in ("eosink_offsets", "eosink_committed_txns", "eosink_txn_manifest"):
+            with suppress(psycopg.errors.UndefinedTable):
+                self.conn.execute(sql.SQL("DELETE FROM {} WHERE connector = %s").format(sql.Identifier(t)), (connector,))
+
+    def drop(self) -> None:
+        """The table, and the staging tables eosink's upsert leaves beside it (``<table>__eosink_stage_*``)."""
+        self._reconnect()
         like = self.table.replace("_", r"\_") + r"\_\_eosink\_stage\_%"
         stages = [t for (t,) in self.conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE %s", (like,))]
         for name in (self.table, *stages):

@@ -82,6 +82,8 @@ def postgres_pair(ep: Any, topic: str, n: int, mode: str, tag: str, workdir: Pat
             out.append(run)
         finally:
             if not args.keep:
+                if side == "eosink":
+                    pg.forget(name)
                 pg.drop()
             delete_groups(ep.kafka_bootstrap, [f"connect-{name}", f"eosink-{name}"])
     return out
