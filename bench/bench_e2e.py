@@ -346,16 +346,21 @@ def run_e2e(args: argparse.Namespace, ep: Any, topic: str, tag: str, logdir: Pat
         if spy is not None and spy.poll() is None:
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop_worker(proc)
         drop_cluster(ep.zookeeper_hosts, cluster)
     result["log"] = str(log_path)
     return result
+
+
+def stop_worker(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a worker process (it leaves its group and stops its tasks), SIGKILL if it lingers."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 def delivered(conn: psycopg.Connection[Any], connector: str, topic: str, ends: list[int], n: int) -> int:

@@ -172,8 +172,8 @@ def recreate_topic(admin: AdminClient, topic: str, partitions: int, deadline: fl
             time.sleep(0.5)
 
 
-def prefill(bootstrap: str, topic: str, n: int, partitions: int) -> bool:
-    """Make ``topic`` hold exactly ``n`` committed records; False when it already did."""
+def prefill(bootstrap: str, topic: str, n: int, partitions: int, value: Callable[[int], bytes] = value_of) -> bool:
+    """Make ``topic`` hold exactly ``n`` committed records (``value(i)``, key ``i``); False when it already did."""
     want = [(0, h) for h in expected_high_watermarks(n, partitions)]
     have = watermarks(bootstrap, topic, partitions)
     if have == want:
@@ -199,7 +199,7 @@ def prefill(bootstrap: str, topic: str, n: int, partitions: int) -> bool:
         for i in range(start, min(n, start + TXN_RECORDS)):
             while True:
                 try:
-                    producer.produce(topic, value_of(i), str(i).encode(), partition=i % partitions)
+                    producer.produce(topic, value(i), str(i).encode(), partition=i % partitions)
                     break
                 except BufferError:
                     producer.poll(0.05)
