@@ -28,12 +28,12 @@ def order(i: int, note: str | None = None) -> dict[str, Any]:
 
 
 #: Kafka Connect's schema of :func:`order`, as its JsonConverter writes it with ``schemas.enable=true``.
-ORDER_SCHEMA: dict[str, Any] = {
-    "type": "struct", "optional": False, "name": "orders.Value",
-    "fields": [{"type": t, "optional": f != "id", "field": f} for f, t in (
-        ("id", "int64"), ("user", "string"), ("email", "string"), ("amount", "double"), ("currency", "string"),
-        ("status", "string"), ("country", "string"), ("created", "string"), ("note", "string"))],
-}
+ORDER_SCHEMA: dict[str, Any] = {"type": "struct", "name": "order", "optional": False, "fields": [
+    {"field": "id", "type": "int64", "optional": False},
+    *({"field": f, "type": "string", "optional": False} for f in ("user", "email")),
+    {"field": "amount", "type": "double", "optional": False},
+    *({"field": f, "type": "string", "optional": False} for f in ("currency", "status", "country", "created", "note")),
+]}
 _ORDER_SCHEMA_JSON = json.dumps(ORDER_SCHEMA, separators=(",", ":"))
 
 

@@ -9,7 +9,6 @@ Debezium's and Iceberg's sinks through ``JsonConverter``, eosink with
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -21,23 +20,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
 from bench import bench_worker
-from bench._data import order
+from bench._data import ORDER_SCHEMA, order_envelope
 from bench.bench_worker import IdCheck
 
 DEBEZIUM_BATCH = 5000  # batch.size and consumer.max.poll.records: Debezium's advice for throughput
 NAMESPACE = "peers"
-SCHEMA = {"type": "struct", "name": "order", "optional": False, "fields": [
-    {"field": "id", "type": "int64", "optional": False},
-    *({"field": f, "type": "string", "optional": False} for f in ("user", "email")),
-    {"field": "amount", "type": "double", "optional": False},
-    *({"field": f, "type": "string", "optional": False} for f in ("currency", "status", "country", "created", "note")),
-]}
-_SCHEMA_JSON = json.dumps(SCHEMA, separators=(",", ":"))
-
-
-def envelope(i: int) -> bytes:
-    """Record ``i``: Kafka Connect's ``{"schema", "payload"}`` envelope around ``order(i)``."""
-    return f'{{"schema":{_SCHEMA_JSON},"payload":{json.dumps(order(i), separators=(",", ":"))}}}'.encode()
+SCHEMA = ORDER_SCHEMA
+envelope = order_envelope  # record i: Kafka Connect's {"schema", "payload"} envelope around order(i)
 
 
 def prefill(bootstrap: str, topic: str, n: int, partitions: int) -> None:
