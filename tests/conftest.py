@@ -208,3 +208,19 @@ def zk(stack) -> Iterator:
     finally:
         client.stop()
         client.close()
+
+
+@pytest.fixture
+def rigs(kafka_admin) -> Iterator[list]:
+    """The fault rigs (:class:`tests.faultkit.Rig`) a test makes: stopped, and their topics deleted, after it."""
+    made: list = []
+    yield made
+    for r in made:
+        r.stop()
+    topics = [r.topic for r in made]
+    if topics:
+        for f in kafka_admin.delete_topics(topics).values():
+            try:
+                f.result(30)
+            except Exception:  # noqa: BLE001 - a private Kafka is gone already; names are unique anyway
+                pass

@@ -43,21 +43,6 @@ def private(tmp_path, monkeypatch) -> Iterator[Callable[..., PrivateStack]]:
         s.stop()
 
 
-@pytest.fixture
-def rigs(kafka_admin) -> Iterator[list[Rig]]:
-    made: list[Rig] = []
-    yield made
-    for r in made:
-        r.stop()
-    topics = [r.topic for r in made]
-    if topics:
-        for f in kafka_admin.delete_topics(topics).values():
-            try:
-                f.result(30)
-            except Exception:  # noqa: BLE001 - a private Kafka is gone already; names are unique anyway
-                pass
-
-
 def _rig(rigs: list[Rig], **kw: Any) -> Rig:
     r = Rig(**kw)
     rigs.append(r)
