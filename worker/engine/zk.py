@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError, SessionClosedRequireSaslError
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry
 from kazoo.security import ACL, ANYONE_ID_UNSAFE, OPEN_ACL_UNSAFE, Permissions, make_digest_acl
 
 from eosink.connectors.api.errors import CoordinatorUnavailableError, FatalError
@@ -107,7 +108,8 @@ class ZkSession:
         self.client = KazooClient(hosts=hosts, timeout=session_timeout,
                                   auth_data=credentials.auth_data if credentials else None,
                                   default_acl=credentials.acl if credentials else None, logger=self._kazoo_log,
-                                  use_ssl=ca_file is not None, ca=ca_file, verify_certs=True, check_hostname=ca_file is not None)
+                                  use_ssl=ca_file is not None, ca=ca_file, verify_certs=True, check_hostname=ca_file is not None,
+                                  connection_retry=connection_retry())
         self.ca_file = ca_file
         self._state = KazooState.LOST
         self._suspended_at: float | None = None
@@ -223,6 +225,21 @@ class ZkSession:
                 raise CoordinatorUnavailableError(f"not connected to ZooKeeper ({self._state}) at {self.hosts}",
                                                   component="zookeeper")
             time.sleep(0.05)
+
+
+#: The longest pause between two rounds of connection attempts over every listed server.
+RECONNECT_MAX_DELAY_S = 1.0
+
+
+def connection_retry() -> KazooRetry:
+    """Reconnect forever, backing off to at most :data:`RECONNECT_MAX_DELAY_S` between rounds.
+
+    kazoo's default doubles the pause without a useful bound (3600 s): after an outage of half a minute
+    (an ensemble without a quorum) a client waited up to 25 s more before it tried again, long after the
+    quorum was back, and its session expired meanwhile. A new leader gives every session a fresh timeout,
+    so a client back within it keeps its session, its ephemeral znodes and its partitions.
+    """
+    return KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_jitter=0.4, max_delay=RECONNECT_MAX_DELAY_S)
 
 
 def _create(client: KazooClient, path: str, acl: list[ACL]) -> None:
