@@ -158,6 +158,7 @@ class Worker:
                                    self.options.rest_tls).start()
         self._register()
         self.membership.watch(self._wake.set)
+        self.session.on_reconnect(self._zookeeper_back)
         self.registered = True
         log.info("worker_started", worker=self.options.worker_id, cluster=self.options.cluster, rest_url=self.rest_url)
         store = ConnectorStore(self.session)
@@ -190,6 +191,13 @@ class Worker:
             self.session.stop()  # ephemeral znodes go now, not a session timeout later
             metrics.untrack_worker(self)
             log.info("worker_stopped", worker=self.options.worker_id)
+
+    def _zookeeper_back(self) -> None:
+        """On kazoo's thread, when the connection returns: reconcile now, and end every task's backoff after
+        the cycles ZooKeeper's absence aborted (it grows to ``errors.retry.delay.max.ms``)."""
+        self._wake.set()
+        for r in list(self.running.values()):
+            r.task.interrupt()
 
     def reconcile(self, store: ConnectorStore) -> None:
         """Bring running tasks in line with the configs, target states and this worker's assignment."""

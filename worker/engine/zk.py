@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kazoo.client import KazooClient, KazooState
@@ -115,6 +116,7 @@ class ZkSession:
         self._suspended_at: float | None = None
         self._lock = threading.Lock()
         self._stopping = False
+        self._on_reconnect: list[Callable[[], None]] = []
         self.client.add_listener(self._on_state)
 
     def start(self, timeout: float = 30.0, lock_open_tree: bool = False) -> ZkSession:
@@ -200,6 +202,7 @@ class ZkSession:
         if self._stopping:
             return
         with self._lock:
+            back = state == KazooState.CONNECTED and self._state != KazooState.CONNECTED
             self._state = state
             if state == KazooState.SUSPENDED:
                 self._suspended_at = time.monotonic()
@@ -207,6 +210,14 @@ class ZkSession:
                 self._suspended_at = None
         if state != KazooState.CONNECTED:
             log.warning("zookeeper_state", state=state)
+        if back:
+            for callback in list(self._on_reconnect):
+                callback()
+
+    def on_reconnect(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on kazoo's thread: it must not block) whenever the connection comes back, so
+        work that waits out a backoff because ZooKeeper was away can go on at once."""
+        self._on_reconnect.append(callback)
 
     def can_decide(self) -> bool:
         return self._state == KazooState.CONNECTED and self.client.connected
