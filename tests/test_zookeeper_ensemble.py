@@ -11,6 +11,10 @@ a ``FAULT-FIGURES`` line (longest stall, catch-up after the fault) for docs/faul
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -95,6 +99,32 @@ def test_cli_direct_mode_takes_the_ensemble_connect_string_with_its_first_node_d
     finally:
         ensemble.restart("zookeeper")
     assert cli(*direct, "delete", "direct").returncode == 0
+
+
+def test_worker_without_zookeeper_flag_joins_the_ensemble_listed_in_endpoints(ensemble, stack, unique, tmp_path):
+    """As ``eosink demo`` starts its worker: no ``--zookeeper``, so the stack's endpoints.json names the
+    ZooKeeper, here all three nodes; with node 1 down the worker still registers through another."""
+    from kazoo.client import KazooClient
+
+    env = {k: v for k, v in os.environ.items() if k != "EOSINK_ZOOKEEPER"} | {"EOSINK_HOME": str(ensemble.home)}
+    ensemble.kill("zookeeper")
+    log = tmp_path / "w.log"
+    with open(log, "wb") as out:
+        worker = subprocess.Popen([sys.executable, "-m", "eosink.worker.clients.cli", "worker", "--bootstrap-servers",
+                                   stack.kafka_bootstrap, "--cluster", unique, "--worker-id", "w-default", "--rest-port", "0"],
+                                  env=env, stdout=out, stderr=subprocess.STDOUT)
+    zk = KazooClient(hosts=ensemble.hosts, timeout=10)
+    try:
+        zk.start(timeout=20)
+        wait_until(lambda: zk.exists(f"/eosink/{unique}/workers/w-default") is not None, 60,
+                   f"w-default registered (log {log})")
+        assert ensemble.hosts in log.read_text(), "the worker did not log the ensemble's connect string"
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
+        zk.stop()
+        zk.close()
+        ensemble.restart("zookeeper")
 
 
 def test_zookeeper_leader_sigkill_under_load_delivers_every_record_once(ensemble, rigs, stack, unique, tmp_path):
