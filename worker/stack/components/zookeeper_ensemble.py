@@ -6,13 +6,11 @@ and ``zookeeper-3``, each with its own data dir (and ``myid`` file), log and pid
 SIGKILL one node and start it again with the stack's own code. One node (the default) stays exactly
 the standalone server of :mod:`zookeeper`.
 
-Ports, from ``EOSINK_ZOOKEEPER_PORT`` (``P``, default 12181) for node ``i`` (1-based):
+Ports, from ``EOSINK_ZOOKEEPER_PORT`` (``P``, default 12181), for node ``i`` (1-based):
 
-==============  ===============  =====================
-client          ``P + (i-1)``    12181, 12182, 12183
-quorum (peers)  ``P + 10 + (i-1)``  12191, 12192, 12193
-election        ``P + 20 + (i-1)``  12201, 12202, 12203
-==============  ===============  =====================
+* clients: ``P + (i-1)``, by default 12181, 12182, 12183;
+* quorum (followers to the leader): ``P + 10 + (i-1)``, by default 12191, 12192, 12193;
+* leader election: ``P + 20 + (i-1)``, by default 12201, 12202, 12203;
 
 so the client ports are contiguous and node 1 keeps the single node's port. endpoints.json's
 ``zookeeper.hosts`` lists every client address (``127.0.0.1:12181,127.0.0.1:12182,127.0.0.1:12183``):
