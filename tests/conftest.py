@@ -212,7 +212,8 @@ def zk(stack) -> Iterator:
 
 @pytest.fixture
 def rigs(kafka_admin) -> Iterator[list]:
-    """The fault rigs (:class:`tests.faultkit.Rig`) a test makes: stopped, and their topics deleted, after it."""
+    """Fault rigs (:class:`tests.faultkit.Rig`) a test appends: stopped at the end (workers first, so
+    a volume under them can be unmounted), and their topics deleted."""
     made: list = []
     yield made
     for r in made:
