@@ -179,6 +179,8 @@ def test_worker_cut_off_from_zookeeper_majority_stops_committing_and_its_partiti
         assert figures["worker_exit"]["w2"] is None and figures["worker_exit"]["w3"] is None
         late = [t for t in _commit_times(cut.log_text()) if times["severed"] + SESSION < t < times["healed"]]
         assert not late, f"w1 committed {len(late)} cycles cut off from the ZooKeeper majority, after its session timeout"
+        lost = [line for line in cut.log_text().splitlines() if '"state": "LOST"' in line]
+        assert lost, "w1's session did not expire in the ensemble while it was cut off (LOST, heard once the link is back)"
         print(f"CUT-FIGURES w1 cut {times['healed'] - times['severed']:.1f}s; partitions moved "
               f"{times['moved'] - times['severed']:.1f}s after the cut")
     finally:
