@@ -167,7 +167,11 @@ def test_worker_cut_off_from_zookeeper_majority_stops_committing_and_its_partiti
             times["severed"] = time.time()
             rig.wait_running({"w2", "w3"}, timeout=60)  # every partition moved to the workers that reach the majority
             times["moved"] = time.time()
-            _watch(rig, 4)
+            # w1 hears nothing from the ensemble (no LOST while cut off): its own clock drops its partitions.
+            wait_until(lambda: '"zookeeper_session_presumed_lost"' in cut.log_text(), 60,
+                       "w1 to drop its partitions on its local timer", interval=0.2)
+            times["dropped"] = time.time()
+            _watch(rig, 2)
             assert cut.proc.poll() is None, "w1 died cut off from ZooKeeper"
             times["healed"] = time.time()
             for p in proxies:
@@ -182,7 +186,8 @@ def test_worker_cut_off_from_zookeeper_majority_stops_committing_and_its_partiti
         lost = [line for line in cut.log_text().splitlines() if '"state": "LOST"' in line]
         assert lost, "w1's session did not expire in the ensemble while it was cut off (LOST, heard once the link is back)"
         print(f"CUT-FIGURES w1 cut {times['healed'] - times['severed']:.1f}s; partitions moved "
-              f"{times['moved'] - times['severed']:.1f}s after the cut")
+              f"{times['moved'] - times['severed']:.1f}s and w1 dropped its own {times['dropped'] - times['severed']:.1f}s "
+              "after the cut")
     finally:
         for p in proxies:
             p.close()
