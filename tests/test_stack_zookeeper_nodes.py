@@ -58,7 +58,8 @@ def test_a_home_with_data_of_one_node_refuses_three_and_says_what_to_remove(layo
     (layout.data_dir("zookeeper") / "data" / "version-2").mkdir(parents=True)
     with pytest.raises(StackError, match=r"holds data of 1 node\(s\), not 3; run `eosink stack down`, remove .*zookeeper\*"):
         zookeeper_ensemble.record_count(layout, 3)
-    zookeeper_ensemble.record_count(layout, 1)  # the same count is fine
+    zookeeper_ensemble.record_count(layout, 1)  # the same count is fine, and a single node records nothing
+    assert not zookeeper_ensemble.count_file(layout).exists()
 
 
 def test_the_recorded_count_is_what_later_commands_act_on(layout):

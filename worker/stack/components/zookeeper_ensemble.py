@@ -64,8 +64,14 @@ def recorded_count(layout: StackLayout) -> int | None:
 
 
 def record_count(layout: StackLayout, count: int) -> None:
-    """Remember the count; refuse to change it once node 1 holds data written by another count."""
-    previous = recorded_count(layout) or 1
+    """Remember the count; refuse to change it once node 1 holds data written by another count.
+
+    A home that never ran an ensemble gets no file: its absence means one node, so a single-node
+    stack's files stay exactly as they were."""
+    recorded = recorded_count(layout)
+    if recorded is None and count == 1:
+        return
+    previous = recorded or 1
     has_data = (layout.data_dir(ZooKeeper.name) / "data" / "version-2").exists()
     if has_data and previous != count:
         raise StackError(
