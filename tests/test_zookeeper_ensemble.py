@@ -16,6 +16,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -73,6 +75,15 @@ def _commit_times(log: str) -> list[float]:
     """Wall-clock times of a worker's ``cycle_committed`` log lines."""
     return [datetime.fromisoformat(json.loads(line)["timestamp"].replace("Z", "+00:00")).timestamp()
             for line in log.splitlines() if '"cycle_committed"' in line]
+
+
+def _http_error(url: str) -> tuple[int, str]:
+    """The status code and body of a GET (200 and "" when it succeeds)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5):
+            return 200, ""
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
 
 
 def _three_workers(ensemble: Ensemble, rigs: list[Rig], stack: Any, unique: str, tmp_path: Path) -> Rig:
@@ -160,6 +171,7 @@ def test_worker_cut_off_from_zookeeper_majority_stops_committing_and_its_partiti
         rig.wait_running({"w1", "w2", "w3"})
         publisher = Publisher(stack.kafka_bootstrap, rig.topic)
         times: dict[str, float] = {}
+        answers: list[tuple[int, str]] = []
 
         def fault() -> float:
             for p in proxies:
@@ -171,6 +183,7 @@ def test_worker_cut_off_from_zookeeper_majority_stops_committing_and_its_partiti
             wait_until(lambda: '"zookeeper_session_presumed_lost"' in cut.log_text(), 60,
                        "w1 to drop its partitions on its local timer", interval=0.2)
             times["dropped"] = time.time()
+            answers.append(_http_error(f"{cut.url}/connectors/{rig.connector}/status"))
             _watch(rig, 2)
             assert cut.proc.poll() is None, "w1 died cut off from ZooKeeper"
             times["healed"] = time.time()
@@ -183,6 +196,8 @@ def test_worker_cut_off_from_zookeeper_majority_stops_committing_and_its_partiti
         assert figures["worker_exit"]["w2"] is None and figures["worker_exit"]["w3"] is None
         late = [t for t in _commit_times(cut.log_text()) if times["severed"] + SESSION < t < times["healed"]]
         assert not late, f"w1 committed {len(late)} cycles cut off from the ZooKeeper majority, after its session timeout"
+        code, body = answers[0]
+        assert code == 503 and f"not connected to {','.join(p.address for p in proxies)}" in body, (code, body)
         lost = [line for line in cut.log_text().splitlines() if '"state": "LOST"' in line]
         assert lost, "w1's session did not expire in the ensemble while it was cut off (LOST, heard once the link is back)"
         print(f"CUT-FIGURES w1 cut {times['healed'] - times['severed']:.1f}s; partitions moved "
