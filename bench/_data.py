@@ -27,6 +27,23 @@ def order(i: int, note: str | None = None) -> dict[str, Any]:
     }
 
 
+#: Kafka Connect's schema of :func:`order`, as its JsonConverter writes it with ``schemas.enable=true``.
+ORDER_SCHEMA: dict[str, Any] = {
+    "type": "struct", "optional": False, "name": "orders.Value",
+    "fields": [{"type": t, "optional": f != "id", "field": f} for f, t in (
+        ("id", "int64"), ("user", "string"), ("email", "string"), ("amount", "double"), ("currency", "string"),
+        ("status", "string"), ("country", "string"), ("created", "string"), ("note", "string"))],
+}
+_ORDER_SCHEMA_JSON = json.dumps(ORDER_SCHEMA, separators=(",", ":"))
+
+
+def order_envelope(i: int) -> bytes:
+    """:func:`order` in Kafka Connect's ``{"schema": ..., "payload": ...}`` envelope (JsonConverter,
+    ``schemas.enable=true``): what Debezium's JDBC sink and most Connect JSON topics need (~750 bytes)."""
+    payload = json.dumps(order(i), separators=(",", ":"))
+    return f'{{"schema":{_ORDER_SCHEMA_JSON},"payload":{payload}}}'.encode()
+
+
 def make_records(topic: str, n: int, partitions: int) -> list[SinkRecord]:
     """``n`` orders round-robin over ``partitions``, as a worker would hand them to a sink."""
     out: list[SinkRecord] = []

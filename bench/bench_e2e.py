@@ -59,7 +59,7 @@ from confluent_kafka.admin import AdminClient  # noqa: E402
 from psycopg import sql  # noqa: E402
 
 from bench import report as published  # noqa: E402
-from bench._data import order  # noqa: E402
+from bench._data import order, order_envelope  # noqa: E402
 from bench.bench_postgres_sink import COLUMNS, COPY_TYPES, FIELDS, create_table  # noqa: E402
 from bench.bench_worker import TXN_RECORDS, cpu_of, expected_high_watermarks, in_child, recreate_topic, watermarks  # noqa: E402
 from eosink.connectors.api.records import ID_HEADER, RUN_HEADER  # noqa: E402
@@ -69,13 +69,14 @@ RESULTS = REPO / "bench" / "results" / "e2e.json"
 TARGET_RATE = 300_000
 
 
-def value_of(i: int) -> bytes:
-    """The outbox record with id ``i``: ``order(i)`` as compact JSON (~210 bytes)."""
-    return json.dumps(order(i), separators=(",", ":")).encode()
+def value_of(i: int, envelope: bool = False) -> bytes:
+    """The outbox record with id ``i``: ``order(i)`` as compact JSON (~210 bytes), or in Kafka Connect's
+    ``schemas.enable=true`` envelope (``envelope``)."""
+    return order_envelope(i) if envelope else json.dumps(order(i), separators=(",", ":")).encode()
 
 
 # ---------------------------------------------------------------------------------------- pre-fill
-def prefill(bootstrap: str, topic: str, n: int, partitions: int, headers: bool = False) -> None:
+def prefill(bootstrap: str, topic: str, n: int, partitions: int, headers: bool = False, envelope: bool = False) -> None:
     """Make ``topic`` hold exactly ``n`` committed records (record i in partition i % P), unless it does;
     ``headers``: each with the two headers the Spark publisher gives an outbox record (``eosink.id``,
     ``eosink.run``), which the sink does not read but the worker still receives."""
@@ -100,7 +101,7 @@ def prefill(bootstrap: str, topic: str, n: int, partitions: int, headers: bool =
         for i in range(start, min(n, start + TXN_RECORDS)):
             while True:
                 try:
-                    producer.produce(topic, value_of(i), str(i).encode(), partition=i % partitions,
+                    producer.produce(topic, value_of(i, envelope), str(i).encode(), partition=i % partitions,
                                      headers=[(ID_HEADER, f"bench-e2e/run-0/{i % partitions}/{i}"), (RUN_HEADER, "run-0")]
                                      if headers else None)
                     break
@@ -268,6 +269,8 @@ def run_e2e(args: argparse.Namespace, ep: Any, topic: str, tag: str, logdir: Pat
         "auto.create": "true", "table.name.format": table, "tasks.max": "1",
         "commit.interval.ms": str(args.commit_interval_ms),
     }
+    if getattr(args, "envelope", False):
+        config["value.converter.schemas.enable"] = "true"
     if args.batch_max_records:
         config["batch.max.records"] = str(args.batch_max_records)
     if args.batch_max_bytes:
@@ -465,6 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--topic", default=None, help="outbox topic (default bench-e2e-<N>-p<P>; reused when full)")
     ap.add_argument("--outbox-headers", action="store_true", help="records carry the publisher's two headers "
                     "(eosink.id, eosink.run), as Spark's outbox records do (topic ...-h)")
+    ap.add_argument("--envelope", action="store_true", help="values in Kafka Connect's schemas.enable=true envelope "
+                    "(JsonConverter's {\"schema\", \"payload\"}), read with value.converter.schemas.enable=true")
     ap.add_argument("--commit-interval-ms", type=int, default=1000)
     ap.add_argument("--batch-max-records", type=int, default=0, help="0: the connector default")
     ap.add_argument("--batch-max-bytes", type=int, default=0, help="0: the connector default")
@@ -492,8 +497,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.poll_s = 0.05 if args.poll_by == "offsets" else 0.25
     ep = load_endpoints()
     tag = uuid.uuid4().hex[:6]
-    topic = args.topic or f"bench-e2e-{args.records}-p{args.partitions}" + ("-h" if args.outbox_headers else "")
-    in_child(prefill, ep.kafka_bootstrap, topic, args.records, args.partitions, args.outbox_headers)
+    topic = args.topic or f"bench-e2e-{args.records}-p{args.partitions}" + ("-h" if args.outbox_headers else "") \
+        + ("-env" if args.envelope else "")
+    in_child(prefill, ep.kafka_bootstrap, topic, args.records, args.partitions, args.outbox_headers, args.envelope)
     logdir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
     if args.audit_overhead:
         from bench import e2e_audit
@@ -510,15 +516,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     report(e2e, raw)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     runs = json.loads(args.out.read_text()) if args.out.exists() else []
-    runs.append({"label": args.label, "poll_by": args.poll_by, "outbox_headers": args.outbox_headers,
+    runs.append({"label": args.label, "poll_by": args.poll_by, "outbox_headers": args.outbox_headers, "envelope": args.envelope,
                  "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "topic": topic, "partitions": args.partitions, "e2e": e2e, "raw_copy": raw,
                  "ratio_to_raw_copy": e2e["rate"] / raw["rate"] if raw else None})
     args.out.write_text(json.dumps(runs, indent=1))
-    # Records with the outbox headers are a figure of their own: it never replaces the plain run's.
-    name = "e2e-outbox-headers" if args.outbox_headers else "e2e"
+    # Records with the outbox headers, or in the envelope, are figures of their own: never the plain run's.
+    kind = ", records with the outbox headers" if args.outbox_headers else ""
+    kind += ", values in Kafka Connect's schemas.enable envelope" if args.envelope else ""
+    name = "e2e" + ("-outbox-headers" if args.outbox_headers else "") + ("-envelope" if args.envelope else "")
     published.maybe_publish(args, lambda: published.figure(
-        name, title=TITLE + (", records with the outbox headers" if args.outbox_headers else ""), measures=MEASURES,
-        baseline=BASELINE, conditions=conditions(args, e2e), unit="records/s", rows=figure_rows(e2e, raw, args.outbox_headers),
+        name, title=TITLE + kind, measures=MEASURES,
+        baseline=BASELINE, conditions=conditions(args, e2e), unit="records/s", rows=figure_rows(e2e, raw, kind),
         targets=[published.target("end-to-end rate", f">= {TARGET_RATE:,} records/s", f"{e2e['rate']:,.0f} records/s",
                                   e2e["rate"] >= TARGET_RATE)],
         argv=argv, make_target="bench-e2e"))
@@ -532,14 +540,14 @@ MEASURES = ("Records/s from registering a postgres connector through the REST AP
 BASELINE = "a raw binary COPY of the same rows, pre-built, into a fresh table, in the same run"
 
 
-def figure_rows(e2e: dict[str, Any], raw: dict[str, float] | None, headers: bool) -> list[dict[str, Any]]:
+def figure_rows(e2e: dict[str, Any], raw: dict[str, float] | None, kind: str) -> list[dict[str, Any]]:
     """The raw COPY (when it ran) and the end-to-end run, each with the CPU it took per record."""
     n = e2e["records"]
     rows = []
     if raw:
         rows.append(published.row("raw binary COPY of the same rows, pre-built (no Kafka, no JSON, no 2PC)", round(raw["rate"]),
                                   baseline=True, cpu_us=raw["cpu_s"] / n * 1e6, note="CPU: the client's"))
-    label = "eosink worker, Kafka to PostgreSQL" + (", records with the outbox headers" if headers else "")
+    label = "eosink worker, Kafka to PostgreSQL" + kind
     rows.append(published.row(label, round(e2e["rate"]), raw["rate"] if raw else None, cpu_us=e2e["cpu_s"] / n * 1e6,
                               note=f"worker peak RSS {e2e['peak_rss_mb']:.0f} MB, {e2e['cpu_s'] / e2e['seconds']:.0%} of a core"))
     return rows
@@ -547,7 +555,7 @@ def figure_rows(e2e: dict[str, Any], raw: dict[str, float] | None, headers: bool
 
 def conditions(args: argparse.Namespace, e2e: dict[str, Any]) -> str:
     n = e2e["records"]
-    size = statistics.fmean(len(value_of(i)) for i in range(0, n, max(1, n // 1000)))
+    size = statistics.fmean(len(value_of(i, args.envelope)) for i in range(0, n, max(1, n // 1000)))
     return (f"{n:,} JSON records of ~{size:.0f} bytes in {args.partitions} partitions, commit.interval.ms "
             f"{args.commit_interval_ms}, done when the {'committed offsets' if args.poll_by == 'offsets' else 'count(*)'} "
             f"show every record; the machine {e2e.get('machine_busy', 0):.0%} busy, 1-min load {e2e['load_before']:.1f} -> "

@@ -427,9 +427,9 @@ def run_eosink(kind: str, bootstrap: str, zk_hosts: str, topic: str, tps: list[T
         import eosink.connectors.filesystem as fs_module
 
         sink._encode = _timed(sink._encode, detail, "encode")
-        # The batch is encoded slice by slice while _write_durably writes it: its "write+fsync"
+        # The batch is encoded slice by slice while write_durably writes it: its "write+fsync"
         # holds that encoding too, subtracted when the figures are printed (_split_encoding).
-        for fn_name in ("_write_durably", "_fsync_dir"):
+        for fn_name in ("write_durably", "_fsync_dir"):
             original = getattr(fs_module, fn_name)
             fs_module_patches.append((fn_name, original))
             setattr(fs_module, fn_name, _timed(original, detail, "write+fsync"))

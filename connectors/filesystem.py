@@ -17,9 +17,11 @@ stays fast.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,34 +30,18 @@ from eosink.connectors.api.errors import FencedError, RetryableError
 from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
 from eosink.connectors.api.sink import BatchingSink
 from eosink.connectors.common import jsonlines
+from eosink.connectors.common.durable import describe_os_error, write_durably
 from eosink.connectors.common.durable import fsync_dir as _fsync_dir
 from eosink.connectors.filesystem_audit import FilesystemReader
 
 _DATA = ".jsonl"
 _MANIFEST = ".manifest.json"
-#: Records encoded and written at a time (see _write_durably).
+#: Records encoded and written at a time (see write_durably).
 _SLICE = 20_000
-
-
-def _write_durably(path: Path, chunks: Iterable[bytes], *, fsync: bool = True) -> None:
-    """Write ``chunks`` to a temporary file, fsync it (with ``fsync``) and rename it into place.
-
-    Each chunk is handed to the kernel's writeback as soon as it is written (``POSIX_FADV_DONTNEED``
-    starts writeback of dirty pages): for a batch encoded slice by slice (a generator), the disk
-    works while the next slice is encoded and the final fsync waits only for the tail."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        fd, written = f.fileno(), 0
-        for data in chunks:
-            f.write(data)
-            if fsync:
-                f.flush()
-                os.posix_fadvise(fd, written, len(data), os.POSIX_FADV_DONTNEED)
-            written += len(data)
-        f.flush()
-        if fsync:
-            os.fsync(fd)
-    os.replace(tmp, path)
+#: A ``*.tmp`` file untouched this long was left by a writer killed mid-write (a live write touches
+#: it with every slice, and a write that resumes later fails at its rename): recovery removes it,
+#: so a crash does not keep the space of a half-written batch, on a full disk least of all.
+ORPHAN_TMP_S = 900.0
 
 
 def _safe_name(txn_id: str) -> str:
@@ -94,7 +80,7 @@ class FilesystemSink(BatchingSink):
             for d in (self.prepared_dir, self.committed_dir, self.epochs_dir):
                 d.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise RetryableError(f"cannot create {self.root}: {exc}", component="filesystem") from exc
+            raise self._error(f"cannot create {self.root}", exc) from exc
 
     # -- prepare -------------------------------------------------------------------------
     def prepare_batch(self, manifest: TxnManifest, records: list[SinkRecord]) -> None:
@@ -104,19 +90,24 @@ class FilesystemSink(BatchingSink):
             return  # already prepared or committed: idempotent
         self._check_epochs(manifest)
         try:
-            _write_durably(data_path, (self._encode(records[i:i + _SLICE]) for i in range(0, len(records), _SLICE)),
-                           fsync=self.fsync)
+            write_durably(data_path, (self._encode(records[i:i + _SLICE]) for i in range(0, len(records), _SLICE)),
+                          fsync=self.fsync)
             self._write(self.prepared_dir / (name + _MANIFEST), manifest.to_json().encode())
             if self.fsync:
                 _fsync_dir(self.prepared_dir)
         except OSError as exc:
-            raise RetryableError(f"prepare {manifest.txn_id} failed: {exc}", component="filesystem") from exc
+            with contextlib.suppress(OSError):  # nothing half-prepared stays: the space goes back at once
+                data_path.unlink(missing_ok=True)
+                (self.prepared_dir / (name + _MANIFEST)).unlink(missing_ok=True)
+            raise self._error(f"prepare {manifest.txn_id}", exc) from exc
 
     def _write(self, path: Path, data: bytes) -> None:
-        if self.fsync:
-            _write_durably(path, (data,))
-        else:
-            path.write_bytes(data)
+        """A small file, whole or not at all (never truncated by a full disk), fsynced with ``file.fsync``."""
+        write_durably(path, (data,), fsync=self.fsync)
+
+    def _error(self, what: str, exc: OSError) -> RetryableError:
+        """Every local failure is retryable; a full disk or quota says so and names the file and volume."""
+        return RetryableError(f"{what}: {describe_os_error(exc, self.root)}", component="filesystem")
 
     @staticmethod
     def _encode_raw(records: list[SinkRecord]) -> bytes:
@@ -143,38 +134,44 @@ class FilesystemSink(BatchingSink):
 
     # -- commit / abort ------------------------------------------------------------------
     def commit(self, txn_id: str) -> None:
+        """Raise the epoch fence from the manifest, rename the data into committed/, drop the manifest.
+
+        The fence goes first: it is the one step that needs space (a few bytes per partition), so
+        on a full disk the batch stays prepared and the commit is retried in place until space
+        returns; a retry after the rename still raises the fence, since the manifest goes last."""
         name = _safe_name(txn_id)
         src = self.prepared_dir / (name + _DATA)
         manifest_path = self.prepared_dir / (name + _MANIFEST)
         try:
+            if manifest_path.exists():
+                self._raise_fence(TxnManifest.from_json(manifest_path.read_bytes(), str(manifest_path)))
             if src.exists():
-                manifest = TxnManifest.from_json(manifest_path.read_bytes()) if manifest_path.exists() else None
                 os.replace(src, self.committed_dir / (name + _DATA))
                 if self.fsync:
                     _fsync_dir(self.committed_dir)
                     _fsync_dir(self.prepared_dir)
-                if manifest is not None:
-                    for r in manifest.ranges:
-                        path = self._epoch_path(r.tp)
-                        try:
-                            seen = int(path.read_text())
-                        except FileNotFoundError:
-                            seen = -1
-                        if r.epoch > seen:
-                            self._write(path, str(r.epoch).encode())
             manifest_path.unlink(missing_ok=True)
         except OSError as exc:
-            raise RetryableError(f"commit {txn_id} failed: {exc}", component="filesystem") from exc
+            raise self._error(f"commit {txn_id}", exc) from exc
+
+    def _raise_fence(self, manifest: TxnManifest) -> None:
+        for r in manifest.ranges:
+            path = self._epoch_path(r.tp)
+            try:
+                seen = int(path.read_text())
+            except FileNotFoundError:
+                seen = -1
+            if r.epoch > seen:
+                self._write(path, str(r.epoch).encode())
 
     def abort(self, txn_id: str) -> None:
         name = _safe_name(txn_id)
         self._batch = [] if self._txn_id == txn_id else self._batch
         try:
-            (self.prepared_dir / (name + _DATA)).unlink(missing_ok=True)
-            (self.prepared_dir / (name + _MANIFEST)).unlink(missing_ok=True)
-            (self.prepared_dir / (name + _DATA + ".tmp")).unlink(missing_ok=True)
+            for suffix in (_DATA, _MANIFEST, _DATA + ".tmp", _MANIFEST + ".tmp"):
+                (self.prepared_dir / (name + suffix)).unlink(missing_ok=True)
         except OSError as exc:
-            raise RetryableError(f"abort {txn_id} failed: {exc}", component="filesystem") from exc
+            raise self._error(f"abort {txn_id}", exc) from exc
 
     def recover(self) -> list[TxnManifest]:
         out: list[TxnManifest] = []
@@ -182,12 +179,22 @@ class FilesystemSink(BatchingSink):
             for path in sorted(self.prepared_dir.glob("*" + _MANIFEST)):
                 data = path.with_name(path.name[: -len(_MANIFEST)] + _DATA)
                 if data.exists():
-                    out.append(TxnManifest.from_json(path.read_bytes()))
+                    out.append(TxnManifest.from_json(path.read_bytes(), str(path)))
                 else:
                     path.unlink(missing_ok=True)  # committed or aborted after the data moved
+            self._remove_orphans(time.time() - ORPHAN_TMP_S)
         except (OSError, ValueError) as exc:
+            if isinstance(exc, OSError):
+                raise self._error("recover", exc) from exc
             raise RetryableError(f"recover failed: {exc}", component="filesystem") from exc
         return out
+
+    def _remove_orphans(self, cutoff: float) -> None:
+        for d in (self.prepared_dir, self.epochs_dir):
+            for path in d.glob("*.tmp"):
+                with contextlib.suppress(FileNotFoundError):  # its writer finished or another recovery won
+                    if path.stat().st_mtime < cutoff:
+                        path.unlink()
 
     # -- for tests and the demo: what a reader sees ---------------------------------------
     def read_committed(self) -> list[dict[str, Any]]:

@@ -127,6 +127,11 @@ def coordinator_partition(transactional_id: str, partitions: int) -> int:
     return (0 if signed == -(1 << 31) else abs(signed)) % partitions
 
 
+#: Kafka Connect's schema of the publisher's values, as JsonConverter writes it with schemas.enable=true.
+ENVELOPE_SCHEMA = json.dumps({"type": "struct", "optional": False, "fields": [
+    {"type": "string", "optional": False, "field": "id"}, {"type": "string", "optional": True, "field": "payload"}]}).encode()
+
+
 class Publisher(threading.Thread):
     """One long-lived transactional producer publishing until stopped; every ``aborted_every``-th
     transaction is aborted. Transactions the broker makes us abort (a coordinator moved) count as
@@ -137,9 +142,11 @@ class Publisher(threading.Thread):
     read back read_committed when the publisher stops."""
 
     def __init__(self, bootstrap: str, topic: str, *, per_txn: int = 100, aborted_every: int = 4, pause: float = 0.1,
-                 transactional_id: str | None = None) -> None:
+                 transactional_id: str | None = None, envelope: bool = False) -> None:
         super().__init__(daemon=True)
         self.topic, self.per_txn, self.aborted_every, self.pause = topic, per_txn, aborted_every, pause
+        #: Values in Kafka Connect's schemas.enable=true envelope (a Rig made with ``envelope=True`` reads them).
+        self.envelope = envelope
         self.transactional_id = transactional_id or f"faults-{topic}"
         self.bootstrap = bootstrap
         self.producer = self._new_producer()
@@ -185,6 +192,8 @@ class Publisher(threading.Thread):
 
     def _produce(self, rid: str, partition: int) -> None:
         value = json.dumps({"id": rid, "payload": "x" * 100}).encode()
+        if self.envelope:
+            value = b'{"schema":' + ENVELOPE_SCHEMA + b',"payload":' + value + b"}"
         while True:
             try:
                 self.producer.produce(self.topic, value=value, partition=partition)
@@ -279,6 +288,8 @@ class Rig:
     files: bool = True
     #: An S3 endpoint (boto3 client kwargs): a third sink, ``lake``, writes JSON Lines objects there.
     s3: dict[str, str] | None = None
+    #: Values in Kafka Connect's schemas.enable=true envelope (``value.converter.schemas.enable=true``).
+    envelope: bool = False
     workers: dict[str, WorkerProcess] = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)
     statuses: list[tuple[float, str, Any]] = field(default_factory=list)
@@ -309,6 +320,7 @@ class Rig:
         register(self.zookeeper, self.name, self.connector, {
             "connector.class": "fanout", "topics": self.topic, "sinks": names, **sinks,
             "tasks.max": "3", "commit.interval.ms": "250", "batch.max.records": "500",
+            **({"value.converter.schemas.enable": "true"} if self.envelope else {}),
         })
         self.pg = psycopg.connect(self.postgres_dsn, autocommit=True)
         self._sampling = threading.Event()

@@ -24,7 +24,8 @@ class WorkerProcess:
 
     def __init__(self, stack, cluster: str, worker_id: str, log_dir: Path, *, fault: str | None = None,
                  session_timeout: float = 4.0, extra_env: dict[str, str] | None = None, metrics_port: int = 0,
-                 zookeeper: str | None = None, rest_port: int = 0, extra_args: list[str] | None = None) -> None:
+                 zookeeper: str | None = None, rest_port: int = 0, extra_args: list[str] | None = None,
+                 cwd: Path | None = None) -> None:
         self.worker_id = worker_id
         self.rest_port = rest_port
         self.url = f"http://127.0.0.1:{rest_port}"
@@ -39,7 +40,7 @@ class WorkerProcess:
              "--zookeeper", zookeeper or stack.zookeeper_hosts, "--cluster", cluster, "--worker-id", worker_id,
              "--session-timeout", str(session_timeout), "--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1",
              "--rest-port", str(rest_port), "--rest-host", "127.0.0.1", *(extra_args or [])],
-            cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            cwd=cwd or REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
         )
 
     def signal(self, sig: int) -> None:
@@ -63,7 +64,8 @@ class WorkerProcess:
             return self.wait(10)
 
     def log_text(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
 
@@ -114,14 +116,23 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interva
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def cluster_init(cluster: str, env: dict[str, str], hosts: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``eosink cluster init`` in a process of its own, as an operator runs it (``env``: its ZooKeeper settings;
+    ``hosts``: its ``--zookeeper``, else the local stack's)."""
+    where = ["--zookeeper", hosts] if hosts else []
+    return subprocess.run([sys.executable, "-m", "eosink.worker.clients.cli", "cluster", "init", *where, "--cluster", cluster],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, **env}, cwd=REPO)
+
+
 def register(zk_hosts: str, cluster: str, name: str, config: dict, credentials=None, ca_file: str | None = None) -> None:
-    """Store a connector as the CLI's direct mode does (``credentials``/``ca_file``: a secured ZooKeeper)."""
+    """Store a connector as the CLI's direct mode does (``credentials``/``ca_file``: a secured ZooKeeper, whose cluster
+    root is created first, as ``eosink cluster init`` does)."""
     from eosink.worker.control.config import parse_connector
     from eosink.worker.control.store import ConnectorStore
     from eosink.worker.engine.zk import ZkSession
 
     parse_connector(name, config, resolve=False)  # the same validation as the CLI and the REST API
-    session = ZkSession(zk_hosts, cluster, credentials=credentials, ca_file=ca_file).start()
+    session = ZkSession(zk_hosts, cluster, credentials=credentials, ca_file=ca_file).start(create_root=True)
     try:
         ConnectorStore(session).put(name, config)
     finally:

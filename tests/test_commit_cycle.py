@@ -134,6 +134,22 @@ def test_failed_recover_holds_the_partition_until_it_succeeds(rig):
     assert rig.visible("a") == list(range(10))
 
 
+def test_failed_recover_is_the_aborted_cycles_error_so_the_status_keeps_showing_it(rig):
+    """A recovery that keeps failing (a full disk, a database away) is what /status shows as being
+    retried: a cycle it aborts carries its error, not none (which cleared the status)."""
+    task = rig.task()
+    rig.plan.armed[("a", "pre_commit")] = retryable("no space left on /vol")
+    first = task.run_cycle()
+    assert first.outcome is CycleOutcome.ABORTED and task.retry_timeout.gave_up(first) is None
+    rig.plan.armed[("a", "recover")] = retryable("no space left on /vol, recovering")
+    second = task.run_cycle()
+    assert second.outcome is CycleOutcome.ABORTED and "recovering" in str(second.error)
+    task.retry_timeout.gave_up(second)
+    assert "no space left on /vol, recovering (retrying for" in (task.retry_timeout.describe() or "")
+    assert task.run_cycle().outcome is CycleOutcome.SUCCEEDED
+    assert rig.visible("a") == list(range(10))
+
+
 def test_txn_ids_differ_across_clusters_sharing_a_sink(request):
     """Two clusters (two decision logs, both at generation 1) with the same connector and worker
     names writing into one database must never produce the same txn id."""

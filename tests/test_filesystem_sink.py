@@ -1,15 +1,20 @@
-"""The filesystem sink's two line formats (its 2PC behaviour is in test_conformance.py)."""
+"""The filesystem sink's two line formats, and a full volume (its 2PC behaviour is in test_conformance.py)."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
+import time
 
 import pytest
 
-from eosink.connectors.api.errors import ConfigError
+from eosink.connectors.api.errors import ConfigError, RetryableError
 from eosink.connectors.api.records import SinkRecord
-from eosink.connectors.filesystem import FilesystemSink
+from eosink.connectors.common.durable import describe_os_error
+from eosink.connectors.filesystem import ORPHAN_TMP_S, FilesystemSink
+from tests.diskkit import Filler, volume
 from tests.sinkkit import prepare
 
 
@@ -69,3 +74,78 @@ def test_pretty_printed_json_value_is_written_as_one_line_its_own_reader_parses(
     assert [json.loads(x)["value"] for x in lines] == [{"id": 1, "s": "café", "tags": ["a"]}, {"id": 2}]
     assert lines[1].endswith(b'"value":{"id": 2}}')  # a value without a line break stays the topic's bytes
     assert [r["value"]["id"] for r in sink.read_committed()] == [1, 2]
+
+
+def _big_records(n: int) -> list[SinkRecord]:
+    raws = [json.dumps({"id": i, "payload": "x" * 200}).encode() for i in range(n)]
+    return [SinkRecord("t.x", 0, i, None, json.loads(r), r) for i, r in enumerate(raws)]
+
+
+def _leftovers(sink: FilesystemSink) -> list[str]:
+    return sorted(p.name for p in sink.prepared_dir.iterdir())
+
+
+@pytest.mark.parametrize("kind", ["tmpfs", "ext4"])
+def test_prepare_on_a_full_volume_is_retryable_names_the_path_and_leaves_no_half_written_file(tmp_path, kind):
+    with volume(tmp_path / "vol", "4m", kind) as vol:
+        sink = FilesystemSink("c", {"file.path": str(vol.path)})
+        sink.open()
+        filler = Filler(vol.path).fill()
+        recs = _big_records(2000)  # ~450 kB: more than any page the filler leaves
+        with pytest.raises(RetryableError) as err:
+            prepare(sink, "c.w.1.1", recs)
+        message = str(err.value)
+        assert "disk full" in message and str(vol.path) in message, message
+        assert str(sink.prepared_dir / "c.w.1.1.jsonl") in message, message
+        assert _leftovers(sink) == [], "a half-written prepared file stayed on the full volume"
+        assert sink.recover() == []
+        sink.abort("c.w.1.1")
+        filler.release()
+        prepare(sink, "c.w.1.2", recs)
+        sink.commit("c.w.1.2")
+        assert [r["offset"] for r in sink.read_committed()] == list(range(2000))
+        assert _leftovers(sink) == []
+
+
+@pytest.mark.parametrize("kind", ["tmpfs", "ext4"])
+def test_commit_on_a_full_volume_keeps_the_batch_prepared_and_completes_once_space_returns(tmp_path, kind):
+    with volume(tmp_path / "vol", "4m", kind) as vol:
+        sink = FilesystemSink("c", {"file.path": str(vol.path)})
+        sink.open()
+        prepare(sink, "c.w.1.1", _big_records(10), epoch=3)
+        filler = Filler(vol.path).fill()  # the first commit must write the partition's epoch fence
+        with pytest.raises(RetryableError, match="disk full") as err:
+            sink.commit("c.w.1.1")
+        assert str(sink.epochs_dir) in str(err.value)
+        assert sink.read_committed() == [], "visible before its commit completed"
+        assert [m.txn_id for m in sink.recover()] == ["c.w.1.1"], "the decided batch must stay prepared"
+        filler.release()
+        sink.commit("c.w.1.1")  # the retry in place
+        assert len(sink.read_committed()) == 10 and sink.recover() == []
+        assert (sink.epochs_dir / "t.x-0").read_text() == "3"
+
+
+def test_quota_exceeded_is_told_apart_from_a_full_disk_and_names_the_file():
+    """EDQUOT cannot be provoked as root (root ignores quotas): the errno as the kernel reports it."""
+    exc = OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), "/v/c/prepared/x.jsonl")
+    assert describe_os_error(exc, "/v/c").startswith(
+        "disk quota exceeded: no space left on the volume of /v/c writing /v/c/prepared/x.jsonl ([Errno 122] ")
+    other = OSError(errno.EACCES, os.strerror(errno.EACCES), "/v/c/prepared")
+    assert describe_os_error(other, "/v/c") == "/v/c/prepared: [Errno 13] Permission denied"
+
+
+def test_recovery_removes_the_half_written_files_of_a_writer_killed_mid_write_but_not_a_write_in_progress(tmp_path):
+    sink = FilesystemSink("c", {"file.path": str(tmp_path)})
+    sink.open()
+    killed = sink.prepared_dir / "c.w.1.1.jsonl.tmp"
+    killed.write_bytes(b'{"half": ')
+    old = time.time() - ORPHAN_TMP_S - 60
+    os.utime(killed, (old, old))
+    fence = sink.epochs_dir / "t.x-0.tmp"
+    fence.write_bytes(b"")
+    os.utime(fence, (old, old))
+    writing = sink.prepared_dir / "c.w.2.1.jsonl.tmp"
+    writing.write_bytes(b'{"being": ')
+    assert sink.recover() == []
+    assert not killed.exists() and not fence.exists()
+    assert writing.exists(), "recovery removed the file of a write in progress"

@@ -255,6 +255,93 @@ def test_is_json_container_vouches_for_every_object_or_array_msgspec_decodes(raw
         assert jsoncodec.is_json_container(raw)
 
 
+@st.composite
+def _envelope(draw: st.DrawFn) -> bytes:
+    """Kafka Connect's ``{"schema", "payload"}`` envelope around any document, keys in any order, some
+    missing, doubled or joined by others, with whitespace; sometimes corrupted."""
+    parts = draw(st.lists(st.sampled_from(["schema", "payload", "extra"]), min_size=0, max_size=4))
+    body = ",".join(f'{draw(_ws)}"{k}"{draw(_ws)}:{draw(_ws)}{draw(_document)}' for k in parts)
+    raw = ("{" + body + "}").encode("utf-8", "surrogatepass")
+    if draw(st.booleans()):
+        return raw
+    at = draw(st.integers(0, len(raw)))
+    return raw[:at] + bytes([draw(st.integers(0, 255))]) + raw[at + 1:]
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(_envelope(), _raw_document))
+@example(b'{"schema":{"type":"string"},"payload":"x","payload":{"id":1}}')  # the last payload, as json.loads
+@example(b'{"schema":null,"payload":null}')  # a null payload: decoded whole (a value without bytes)
+@example(b'{"schema":{"doc":"\xff"},"payload":{}}')  # invalid UTF-8 in the schema
+@example(b'{"schema":' + b"1" * 4301 + b',"payload":{}}')  # an integer json.loads refuses, in the schema
+@example(b'{"schema":{},"payload":[NaN]}')
+@example(b'[{"schema":{},"payload":{}}]')
+def test_envelope_payload_cuts_out_only_what_json_loads_reads_as_the_payload(raw: bytes) -> None:
+    """The source hands a payload's bytes on as the record's own: they must decode to exactly what
+    ``json.loads`` of the whole envelope holds as its payload, and the envelope must be one it accepts."""
+    payload = jsoncodec.envelope_payload(raw)
+    if payload is None:
+        return
+    doc = json.loads(raw)
+    assert doc.__class__ is dict and "schema" in doc and doc["payload"] is not None
+    assert same(json.loads(payload), doc["payload"])
+
+
+def test_envelope_payload_is_cut_natively_from_a_plain_envelope() -> None:
+    raw = b'{"schema":{"type":"struct","fields":[{"type":"int64","field":"id"}]},"payload": {"id":7,"n":"\xc3\xa9"} }'
+    assert jsoncodec.envelope_payload(raw) == b'{"id":7,"n":"\xc3\xa9"}'  # the bytes as sent: no decoding
+    for not_one in (b'{"payload":{"id":1}}', b'{"schema":{}}', b'{"schema":{},"payload":{}', b'[]', b' {}'):
+        assert jsoncodec.envelope_payload(not_one) is None, not_one
+
+
+def _cut_and_decode(cutter: jsoncodec.EnvelopeCutter, raw: bytes) -> Any:
+    """The source's use of a cutter: the slice decoded, and the whole envelope decoded where the cutter
+    gives nothing or its unchecked slice is refused (the exception of the decoder that decided)."""
+    payload, checked = cutter(raw)
+    if payload is not None:
+        try:
+            return jsoncodec.decode(payload)
+        except (ValueError, RecursionError):
+            if checked:
+                raise
+    doc = json.loads(raw)
+    if doc.__class__ is not dict or "schema" not in doc or "payload" not in doc:
+        raise ValueError("not an envelope")
+    return doc["payload"]
+
+
+_slot = st.one_of(_document.map(lambda d: json.dumps(d)), st.sampled_from([
+    '{"a":1},"payload":{"b":2}', '1,"x":2', '{"a":1}}', "", "null", "NaN", '"\\ud800"', '{"a":1} ', "[1,2]]"]))
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_document, _document, st.lists(_slot, min_size=1, max_size=5))
+def test_envelope_cutter_slices_only_what_json_loads_reads_as_the_payload(schema: Any, first: Any, slots: list[str]) -> None:
+    """After one envelope taught it a schema's bytes, the cutter slices the payload of any envelope with
+    those bytes; whatever the slot holds, the source's answer is ``json.loads``' (value or refusal)."""
+    cutter = jsoncodec.EnvelopeCutter()
+    prefix = '{"schema":' + json.dumps(schema, separators=(",", ":")) + ',"payload":'
+    learnt = (prefix + json.dumps(first, separators=(",", ":")) + "}").encode("utf-8", "surrogatepass")
+    for raw in [learnt, *((prefix + slot + "}").encode("utf-8", "surrogatepass") for slot in slots)]:
+        try:
+            theirs = json.loads(raw)
+        except (ValueError, RecursionError):
+            with pytest.raises((ValueError, RecursionError)):
+                _cut_and_decode(cutter, raw)
+            continue
+        assert same(_cut_and_decode(cutter, raw), theirs["payload"])
+
+
+def test_envelope_cutter_slices_after_learning_a_schema_and_leaves_the_rest_to_a_full_check() -> None:
+    cutter = jsoncodec.EnvelopeCutter()
+    env = b'{"schema":{"type":"struct"},"payload":%s}'
+    assert cutter(env % b'{"id":1}') == (b'{"id":1}', True)  # checked whole, its schema's bytes learnt
+    assert cutter(env % b'{"id":2}') == (b'{"id":2}', False)  # sliced: the decoder checks it
+    assert cutter(env % b'{"a":1},"payload":{"b":2}') == (b'{"a":1},"payload":{"b":2}', False)  # refused, then whole
+    assert cutter(env % b"null") == (None, True)
+    assert cutter(b'{"schema":{"type":"string"},"payload":"x"}') == (b'"x"', True)  # another schema: checked, learnt
+
+
 def test_is_json_container_says_no_to_scalars_tombstone_shapes_and_broken_documents() -> None:
     for raw in (b'"x"', b"1", b"null", b" {}", b"\xef\xbb\xbf{}", b"{", b"[1,]", b"{} {}", b"[NaN]"):
         assert not jsoncodec.is_json_container(raw), raw

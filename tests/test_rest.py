@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import wait_until
+from tests.procs import cluster_init, wait_until
 from tests.restkit import call, pg_ids, produce, start_worker
 
 pytestmark = pytest.mark.chaos
@@ -441,9 +441,11 @@ def test_secrets_never_appear_in_responses_or_in_the_worker_log(stack, unique, t
     topic = make_topic(1)
     props = tmp_path / "worker-secrets.properties"  # worker-level credentials through the providers, never on the command line
     props.write_text(f"kafka.password={SECRET}-kafka\n")
-    w = start_worker(stack, unique, "w-secret", tmp_path,
-                     extra_env={"TEST_PG_PASSWORD": SECRET + "-env", "EOSINK_ZOOKEEPER_USER": f"{unique}-zk",
-                                "EOSINK_ZOOKEEPER_PASSWORD": SECRET + "-zk"},
+    # the open stack's ZooKeeper has no SASL users: the digest scheme, and the root made first, as an operator does
+    zk = {"EOSINK_ZOOKEEPER_USER": f"{unique}-zk", "EOSINK_ZOOKEEPER_PASSWORD": SECRET + "-zk", "EOSINK_ZOOKEEPER_AUTH_SCHEME": "digest"}
+    init = cluster_init(unique, zk)
+    assert init.returncode == 0, init.stderr
+    w = start_worker(stack, unique, "w-secret", tmp_path, extra_env={"TEST_PG_PASSWORD": SECRET + "-env", **zk},
                      extra_args=["--kafka-property", f"sasl.password=${{file:{props}:kafka.password}}"])
     try:
         # one password given literally, one through ${env:} (resolved at the worker); and a connector that

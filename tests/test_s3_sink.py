@@ -350,6 +350,19 @@ def test_engine_commit_failing_after_the_decision_is_committed_once_by_the_resta
     assert sorted((v["p"], v["i"]) for v in lines) == [(p, i) for p in (0, 1) for i in range(20)]
 
 
+def test_epoch_object_a_newer_eosink_wrote_is_refused_not_misread(make_sink, client, bucket, unique):
+    sink = make_sink()
+    m = prepare(sink, f"{unique}.w.1.1", records("t", [{"n": 1}]))
+    sink.commit(m.txn_id)
+    key = f"__epochs__/{unique}/t-0"
+    assert client.head_object(Bucket=bucket, Key=key)["Metadata"] == {"eosink-format": "1"}
+    client.put_object(Bucket=bucket, Key=key, Body=b"7", Metadata={"eosink-format": "2"})  # a newer release's object
+    with pytest.raises(FatalError, match=rf"epoch object at s3://{bucket}/{key} is in format 2.*reads format 1 at most"):
+        prepare(make_sink(), f"{unique}.w.2.1", records("t", [{"n": 2}], start=1), epoch=2)
+    assert pending(unique, f"{unique}.w.2.1") not in keys(client, bucket, "__pending__/")  # nothing left behind
+    assert open_uploads(client, bucket) == []
+
+
 # -- the epoch fence ----------------------------------------------------------------------------
 def test_stale_epoch_prepare_is_refused_as_fenced_and_leaves_nothing_pending(make_sink, client, bucket, unique):
     owner = make_sink()

@@ -155,7 +155,8 @@ class SecureWorkerRun:
         from eosink.worker.engine.zk import ZkCredentials, ZkSession
 
         owner = ZkCredentials(self.material.user("zookeeper"), self.material.password("zookeeper"))
-        return ZkSession(self.stack.zookeeper_hosts, self.cluster, credentials=owner, ca_file=str(self.material.ca_cert)).start()
+        return ZkSession(self.stack.zookeeper_hosts, self.cluster, credentials=owner,
+                         ca_file=str(self.material.ca_cert)).start(create_root=True)  # as `eosink cluster init` does
 
     def register(self) -> None:
         from eosink.worker.control.config import parse_connector

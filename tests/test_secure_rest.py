@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.procs import REPO, WorkerProcess, free_port, wait_until
+from tests.procs import REPO, WorkerProcess, cluster_init, free_port, wait_until
 from tests.restkit import produce
 
 REST_USER = "eosink"
@@ -102,6 +102,10 @@ def stored_connectors(zk_hosts: str, cluster: str) -> list[str]:
         return sorted(ConnectorStore(session).names())
     finally:
         session.stop()
+
+
+def _zk_digest(cluster: str, password: str) -> dict[str, str]:
+    return {"EOSINK_ZOOKEEPER_USER": f"{cluster}-zk", "EOSINK_ZOOKEEPER_PASSWORD": password, "EOSINK_ZOOKEEPER_AUTH_SCHEME": "digest"}
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -284,11 +288,13 @@ def test_provider_secrets_never_reach_the_log_status_configs_metrics_command_lin
     (``${file:}``, resolved by the worker; one connector also quotes it in a failing DSN, so its trace holds it)."""
     topic = make_topic(1)
     metrics_port = free_port()
+    init = cluster_init(unique, _zk_digest(unique, ZK_SECRET))  # the open stack's ZooKeeper has no SASL users: digest
+    assert init.returncode == 0, init.stderr
     w = start_tls_worker(
         stack, unique, "w-secrets", tmp_path, tls, metrics_port=metrics_port,
         extra_args=["--kafka-property", f"sasl.password=${{file:{secrets_file}:kafka.password}}"],
         extra_env={"EOSINK_REST_BASIC_AUTH": f"{REST_USER}:${{file:{secrets_file}:rest.password}}",
-                   "EOSINK_ZOOKEEPER_USER": f"{unique}-zk", "EOSINK_ZOOKEEPER_PASSWORD": ZK_SECRET},
+                   **_zk_digest(unique, ZK_SECRET)},
     )
     good = (REST_USER, REST_PASSWORD)
     ref = f"${{file:{secrets_file}:pg.password}}"

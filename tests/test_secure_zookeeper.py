@@ -1,12 +1,14 @@
-"""ZooKeeper locked down: TLS only, digest authentication required, every znode of a cluster its principal's alone.
+"""ZooKeeper locked down: TLS only, SASL authentication required, every znode of a cluster its principal's alone.
 
-One real worker, authenticated as the stack's ZooKeeper principal, runs a connector end to end on
-the secure stack (the filesystem sink, counted: every id once). Then, on the tree it left behind,
-a session without credentials, a session of another principal and a worker of another cluster try
-to read, overwrite, forge, delete and re-ACL the connector's config, its target state, the
-worker's assignment and a decision-log entry: every attempt is refused and the data is unchanged.
-Wrong or missing credentials, and a tree left open by a run without credentials, stop a worker
-with one line naming ``zookeeper``, the path and the settings.
+An operator creates the cluster's root with ``eosink cluster init``; then one real worker,
+authenticated as the stack's ZooKeeper principal, runs a connector end to end on the secure stack
+(the filesystem sink, counted: every id once). Then, on the tree it left behind, a session without
+credentials, a session of another principal and a worker of another cluster try to read,
+overwrite, forge, delete and re-ACL the connector's config, its target state, the worker's
+assignment and a decision-log entry: every attempt is refused and the data is unchanged. Wrong or
+missing credentials, and a tree left open by a run without credentials, stop a worker with one
+line naming ``zookeeper``, the address or path and the settings. (The login itself and the cluster
+root: ``test_secure_zookeeper_login``.)
 """
 
 from __future__ import annotations
@@ -28,13 +30,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, SessionClosedRequireSaslError
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.security import OPEN_ACL_UNSAFE, make_digest_acl
+from kazoo.security import OPEN_ACL_UNSAFE
 
 from eosink.connectors.api.records import TopicPartition
 from eosink.worker import paths
-from eosink.worker.engine.zk import ZkCredentials, ZkSession
+from eosink.worker.engine.zk import CoordinatorAuthError, ZkCredentials, ZkSession, kazoo_client
 from tests.conftest import kafka_worker_env
-from tests.procs import WorkerProcess, publish, wait_until
+from tests.procs import WorkerProcess, cluster_init, publish, wait_until
 
 pytestmark = pytest.mark.secure
 
@@ -56,6 +58,7 @@ class SecuredRun:
     ca_file: str
     committed: set[str]
     delivered: list[str]
+    other: ZkCredentials
 
     def targets(self) -> dict[str, str]:
         """The znodes an attacker wants, by name."""
@@ -68,10 +71,14 @@ class SecuredRun:
 
 
 def _client(hosts: str, creds: ZkCredentials | None = None, ca: str | None = None) -> KazooClient:
-    c = KazooClient(hosts=hosts, timeout=10, auth_data=creds.auth_data if creds else None, use_ssl=ca is not None, ca=ca,
-                    check_hostname=ca is not None)
+    c = kazoo_client(hosts, creds, ca, timeout=10)
     c.start(timeout=20)
     return c
+
+
+def other_principal(material) -> ZkCredentials:
+    """The secure stack's second cluster principal: a real user of the server, not this cluster's."""
+    return ZkCredentials(material.user("zookeeper.other"), material.password("zookeeper.other"))
 
 
 def _close(c: KazooClient) -> None:
@@ -112,6 +119,8 @@ def secured_run(secure_stack, secure_material, secure_zookeeper_env, secure_kafk
     owner = ZkCredentials(secure_material.user("zookeeper"), secure_material.password("zookeeper"))
     ref = secure_zookeeper_env["EOSINK_ZOOKEEPER_PASSWORD"]  # a ${file:...} reference: the worker resolves it
     ca = str(secure_material.ca_cert)
+    init = cluster_init(cluster, {**secure_zookeeper_env}, secure_stack.zookeeper_hosts)
+    assert init.returncode == 0, init.stderr
     session = ZkSession(secure_stack.zookeeper_hosts, cluster, credentials=owner, ca_file=ca).start()
     try:
         from eosink.worker.control.store import ConnectorStore
@@ -136,7 +145,7 @@ def secured_run(secure_stack, secure_material, secure_zookeeper_env, secure_kafk
     assert not set(delivered) & aborted
     admin.delete_topics([topic])
     yield SecuredRun(secure_stack.zookeeper_hosts, cluster, paths.cluster_root(cluster), connector, topic, owner, ref, ca,
-                     committed, delivered)
+                     committed, delivered, other_principal(secure_material))
 
 
 @pytest.fixture
@@ -151,7 +160,7 @@ def test_worker_with_credentials_delivers_every_id_once_on_the_secure_zookeeper(
     assert len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} duplicates"
     assert set(ids) == secured_run.committed, f"missing {len(secured_run.committed - set(ids))}"
     # Every znode the run made is the principal's alone: no world entry, no other id.
-    expected = make_digest_acl(secured_run.owner.user, secured_run.owner.password, all=True)
+    [expected] = secured_run.owner.acl
 
     def walk(path: str) -> Iterator[str]:
         yield path
@@ -208,20 +217,13 @@ def test_client_without_credentials_is_refused_and_changes_nothing(secured_run, 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("target", TARGETS)
 def test_client_of_another_principal_is_refused_by_the_acls_and_changes_nothing(secured_run, owner_zk, target, op):
-    intruder = ZkCredentials("intruder", secrets.token_urlsafe(16))
-    _assert_refused_and_unchanged(secured_run, owner_zk, intruder, target, op, NoAuthError)
-
-
-def test_client_with_the_owners_name_and_a_wrong_password_is_refused_and_changes_nothing(secured_run, owner_zk):
-    wrong = ZkCredentials(secured_run.owner.user, secrets.token_urlsafe(16))
-    for op in OPS:
-        _assert_refused_and_unchanged(secured_run, owner_zk, wrong, "decision-log", op, NoAuthError)
+    # A user the server knows (its login succeeds): the ACLs alone refuse it.
+    _assert_refused_and_unchanged(secured_run, owner_zk, secured_run.other, target, op, NoAuthError)
 
 
 def test_shared_parent_lets_anyone_create_a_cluster_root_but_not_list_reacl_or_delete_a_cluster(secured_run):
     # ``/eosink`` itself is deletable only when empty (its parent ``/`` is ZooKeeper's, open): it never is.
-    intruder = ZkCredentials("intruder", secrets.token_urlsafe(16))
-    c = _client(secured_run.hosts, intruder, secured_run.ca_file)
+    c = _client(secured_run.hosts, secured_run.other, secured_run.ca_file)
     try:
         for attack in (lambda: c.get_children(paths.ROOT), lambda: c.get(paths.ROOT),
                        lambda: c.set_acls(paths.ROOT, OPEN_ACL_UNSAFE), lambda: c.delete(secured_run.root),
@@ -234,10 +236,12 @@ def test_shared_parent_lets_anyone_create_a_cluster_root_but_not_list_reacl_or_d
 
 def test_worker_of_another_cluster_with_its_own_credentials_runs_beside_but_cannot_touch_the_first(
         secure_stack, secured_run, owner_zk, tmp_path):
-    other = ZkCredentials(f"eosink-other-{uuid.uuid4().hex[:6]}", secrets.token_urlsafe(24))
+    other = secured_run.other
     other_cluster = f"{secured_run.cluster}-other"
     env = _owner_env(other.password, other.user, secured_run.ca_file)
-    # Its own cluster: it creates /eosink/<its cluster> beside the first one's and runs.
+    # Its own cluster: its principal creates /eosink/<its cluster> beside the first one's, and its worker runs.
+    init = cluster_init(other_cluster, env, secured_run.hosts)
+    assert init.returncode == 0 and f"owned by sasl:{other.user}" in init.stdout, init.stderr
     w = WorkerProcess(secure_stack, other_cluster, "other-w1", tmp_path, extra_env=env)
     try:
         wait_until(lambda: w.proc.poll() is not None or '"worker_started"' in w.log_text(), 60, "the other cluster's worker")
@@ -272,7 +276,7 @@ def test_worker_with_a_wrong_password_exits_with_one_line_naming_zookeeper_the_p
     wrong = secrets.token_urlsafe(24)
     w = WorkerProcess(secure_stack, secured_run.cluster, "wrong-pw", tmp_path, extra_env=_owner_env(wrong, "eosink", secured_run.ca_file))
     rc = w.wait(60)
-    _assert_one_line(_log(w), rc, f"not authorized for {secured_run.root} as user eosink", wrong)
+    _assert_one_line(_log(w), rc, f"ZooKeeper at {secured_run.hosts} refused the login of user eosink", wrong)
 
 
 def test_worker_without_credentials_exits_with_one_line_naming_zookeeper_and_the_setting(secure_stack, secured_run, tmp_path):
@@ -291,8 +295,8 @@ def test_cluster_tree_left_open_is_refused_until_taken_over_explicitly(secure_st
     root = paths.cluster_root(cluster)
     config = paths.connector_config(root, "left-open")
     # What a worker without credentials leaves: every znode open to anyone (made here on a session
-    # of some digest user, as the server admits no anonymous session).
-    c = _client(secured_run.hosts, ZkCredentials("earlier-open-run", secrets.token_urlsafe(16)), secured_run.ca_file)
+    # of another principal, as the server admits no anonymous session).
+    c = _client(secured_run.hosts, secured_run.other, secured_run.ca_file)
     try:
         for p in (root, paths.connectors(root), paths.connector(root, "left-open")):
             c.create(p, acl=OPEN_ACL_UNSAFE)  # not makepath: it asks exists("/eosink"), which nobody may
@@ -315,7 +319,7 @@ def test_cluster_tree_left_open_is_refused_until_taken_over_explicitly(secure_st
         assert '"zookeeper_tree_locked"' in w.log_text()
     finally:
         assert w.stop() == 0
-    intruder = _client(secured_run.hosts, ZkCredentials("intruder", secrets.token_urlsafe(16)), secured_run.ca_file)
+    intruder = _client(secured_run.hosts, secured_run.other, secured_run.ca_file)
     try:
         for attack in (lambda: intruder.get(config), lambda: intruder.set(config, b"{}"), lambda: intruder.delete(config),
                        lambda: intruder.set_acls(root, OPEN_ACL_UNSAFE)):
@@ -347,7 +351,8 @@ def test_cli_direct_mode_writes_the_tree_only_with_the_owners_credentials(secure
     refused = _cli(*base, "apply", str(config), env={**no_stack, **_owner_env(wrong, "eosink", secured_run.ca_file)})
     lines = refused.stderr.strip().splitlines()
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr
-    assert f"[zookeeper] not authorized for {secured_run.root} as user eosink" in lines[0] and wrong not in refused.stderr
+    assert f"[zookeeper] ZooKeeper at {secured_run.hosts} refused the login of user eosink" in lines[0]
+    assert wrong not in refused.stderr
     assert not owner_zk.exists(paths.connector(secured_run.root, "direct"))
     # The owner's credentials, the password from a file holding a ${file:...} reference.
     password_file = tmp_path / "zk-password"
@@ -369,8 +374,8 @@ def test_acls_keep_a_cluster_where_zookeeper_admits_anonymous_sessions_and_open_
     plain.create(chroot)
     _close(plain)
     hosts = f"{stack.zookeeper_hosts}{chroot}"
-    owner = ZkCredentials("eosink-a", secrets.token_urlsafe(24))
-    session = ZkSession(hosts, "a", credentials=owner).start()
+    owner = ZkCredentials("eosink-a", secrets.token_urlsafe(24), scheme="digest")  # this server has no SASL users
+    session = ZkSession(hosts, "a", credentials=owner).start(create_root=True)
     try:
         from eosink.worker.control.store import ConnectorStore
 
@@ -411,7 +416,7 @@ def test_secure_zookeeper_refuses_plaintext_and_a_worker_without_tls_exits_with_
         except OSError:
             answer = b""
     assert b"imok" not in answer
-    plain = KazooClient(hosts=secured_run.hosts, auth_data=secured_run.owner.auth_data)
+    plain = KazooClient(hosts=secured_run.hosts, **secured_run.owner.client_kwargs())
     with pytest.raises(KazooTimeoutError):
         plain.start(timeout=5)
     _close(plain)
@@ -433,6 +438,8 @@ def test_worker_against_the_local_secure_stack_takes_its_zookeeper_credentials_a
     cluster = f"{secured_run.cluster}-defaults"
     env = {**kafka_worker_env(), "EOSINK_HOME": str(SECURE_HOME), "EOSINK_ZOOKEEPER_USER": "", "EOSINK_ZOOKEEPER_PASSWORD": "",
            "EOSINK_ZOOKEEPER_CA_FILE": ""}
+    init = cluster_init(cluster, env)  # the stack's own address and principal, no settings either
+    assert init.returncode == 0 and f"owned by sasl:{secured_run.owner.user}" in init.stdout, init.stderr
     w = WorkerProcess(secure_stack, cluster, "defaults-w1", tmp_path, extra_env=env)
     try:
         wait_until(lambda: w.proc.poll() is not None or '"worker_started"' in w.log_text(), 60, "the worker on the stack's defaults")
@@ -441,15 +448,14 @@ def test_worker_against_the_local_secure_stack_takes_its_zookeeper_credentials_a
         assert w.stop() == 0
     owner = _client(secured_run.hosts, secured_run.owner, secured_run.ca_file)
     try:
-        acl = make_digest_acl(secured_run.owner.user, secured_run.owner.password, all=True)
-        assert owner.get_acls(paths.cluster_root(cluster))[0] == [acl]
+        assert owner.get_acls(paths.cluster_root(cluster))[0] == secured_run.owner.acl
     finally:
         _close(owner)
     assert secured_run.owner.password not in _log(w)
 
 
 def test_stack_super_user_can_repair_a_cluster_tree_that_no_other_principal_can_read(secured_run, secure_material):
-    """The repair path the refusals point to: ZooKeeper's super user (``superDigest``) passes every ACL."""
+    """The repair path the refusals point to: ZooKeeper's super user (``superUser``, a SASL user) passes every ACL."""
     config = secured_run.targets()["config"]
     root_user = ZkCredentials(secure_material.user("zookeeper.admin"), secure_material.password("zookeeper.admin"))
     c = _client(secured_run.hosts, root_user, secured_run.ca_file)
@@ -459,9 +465,8 @@ def test_stack_super_user_can_repair_a_cluster_tree_that_no_other_principal_can_
         c.set_acls(config, acls, version=stat.aversion)  # ADMIN: what a repair (setAcl) needs
     finally:
         _close(c)
-    impostor = _client(secured_run.hosts, ZkCredentials(root_user.user, secrets.token_urlsafe(16)), secured_run.ca_file)
-    try:
-        with pytest.raises(NoAuthError):
-            impostor.get(config)
-    finally:
-        _close(impostor)
+    # The super user's name with another password never gets a session (see test_secure_zookeeper_login).
+    impostor = ZkSession(secured_run.hosts, secured_run.cluster, credentials=ZkCredentials(root_user.user, secrets.token_urlsafe(16)),
+                         ca_file=secured_run.ca_file)
+    with pytest.raises(CoordinatorAuthError, match=f"refused the login of user {root_user.user}"):
+        impostor.start()

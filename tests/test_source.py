@@ -162,6 +162,41 @@ def test_undecodable_json_values_become_record_errors_naming_topic_partition_and
     assert "recursion" in str(batch.error)
 
 
+#: Kafka Connect's JsonConverter with schemas.enable=true: a payload cut out natively (its bytes kept), one only
+#: json.loads reads (NaN), a null payload, one with whitespace, a doubled payload key, and two that are not envelopes.
+_SCHEMA = b'{"type":"struct","fields":[{"type":"int64","optional":false,"field":"id"}],"optional":false}'
+ENVELOPES = [b'{"schema":' + _SCHEMA + b',"payload":{"id":1,"s":"\xc3\xa9"}}',
+             b'{"schema":' + _SCHEMA + b',"payload":{"id":2,"x":NaN}}',
+             b'{"schema":null,"payload":null}',
+             b' {"schema":{"type":"string"}, "payload": "three"}',
+             # The first one's schema bytes, then a slot json.loads reads as a payload key followed by another.
+             b'{"schema":' + _SCHEMA + b',"payload":{"id":0},"payload":{"id":4}}']
+NOT_ENVELOPES = [b'{"id":4}', b'{"schema":{},"payload":']
+
+
+@DECODING
+def test_schemas_enable_envelope_gives_the_payload_with_its_own_bytes_and_names_a_bare_value(stack, make_topic,
+                                                                                             unique, deferred):
+    topic = make_topic()
+    values = [*ENVELOPES, *NOT_ENVELOPES]
+    produce(stack.kafka_bootstrap, topic, [(0, v) for v in values])
+    src = _source(unique, stack.kafka_bootstrap, deferred, schemas_enable=True, tolerate=True)
+    try:
+        src.assign({TopicPartition(topic, 0): 0})
+        batch = _poll_all(src, len(values))
+    finally:
+        src.close()
+    assert [r.offset for r in batch.records] == [0, 1, 2, 3, 4]
+    assert [r.offset for r in batch.records if r.__class__ is LazyJsonRecord] == ([0] if deferred else [])
+    # The NaN payload is sliced too (same schema bytes as the first): json.loads takes it, as without an envelope.
+    assert [r.raw_value for r in batch.records] == [b'{"id":1,"s":"\xc3\xa9"}', b'{"id":2,"x":NaN}', None, b'"three"', None]
+    for r, raw in zip(batch.records, ENVELOPES):
+        assert _same(r.value, json.loads(raw)["payload"]), (r.offset, r.value)
+    # Not an envelope: a record error for its offset; the dead-letter record keeps the bytes as they were sent.
+    assert [(f.offset, f.value) for f in batch.failed] == [(5, NOT_ENVELOPES[0]), (6, NOT_ENVELOPES[1])]
+    assert "envelope" in str(batch.failed[0].error) and "cannot be decoded as json" in str(batch.failed[1].error)
+
+
 # ---------------------------------------------------------------------------------------- ending a poll early
 def test_a_poll_that_has_read_everything_ends_once_min_s_old_not_at_its_timeout(stack, make_topic, unique):
     """commit.min.interval.ms: with every partition at its end (read_committed: past the commit

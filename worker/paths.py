@@ -2,6 +2,7 @@
 
 The tree of one cluster (``/eosink/<cluster>``)::
 
+    format                                 the format of this tree: {format, written_by}
     workers/<worker-id>                    ephemeral: host, REST url, started
     leader/n_<seq>                         election: the lowest sequence leads
     connectors/<name>/config               JSON config; the znode version is the config generation
@@ -103,3 +104,8 @@ def generations(root: str, name: str) -> str:
 
 def deadletter(root: str, name: str) -> str:
     return f"{root}/deadletter/{name}"
+
+
+def cluster_format(root: str) -> str:
+    """The format of everything in the cluster's tree (:mod:`eosink.worker.control.cluster_format`)."""
+    return f"{root}/format"

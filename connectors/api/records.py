@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from confluent_kafka import Message
 
+from eosink.connectors.api import formats
 from eosink.connectors.api.errors import RecordError
 from eosink.connectors.common import jsoncodec
 
@@ -269,13 +270,17 @@ class TxnManifest:
                 "txn": self.txn_id,
                 "connector": self.connector,
                 "ranges": [[r.topic, r.partition, r.first_offset, r.last_offset, r.epoch] for r in self.ranges],
+                "format": formats.MANIFEST,
             },
             separators=(",", ":"),
         )
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> TxnManifest:
+    def from_json(cls, text: str | bytes, where: str = "a stored manifest") -> TxnManifest:
+        """The manifest ``text`` holds; :class:`~eosink.connectors.api.formats.NewerFormatError` when a newer
+        eosink wrote it in a format this one does not read (``where``: the place, for that error)."""
         d = json.loads(text)
+        formats.check(formats.version_of(d), formats.MANIFEST, "the transaction manifest", where, component="manifest")
         return cls(
             txn_id=d["txn"],
             connector=d["connector"],

@@ -62,7 +62,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["decode", "decode_value", "encode", "encode_json_value", "is_json_container"]
+__all__ = ["decode", "decode_value", "encode", "encode_json_value", "envelope_payload", "EnvelopeCutter", "is_json_container"]
 
 _native_decode = msgspec.json.Decoder().decode
 _native_encode = msgspec.json.Encoder().encode
@@ -106,8 +106,83 @@ def decode_value(raw: bytes | None) -> Any:
 def is_json_container(raw: bytes) -> bool:
     """True when :func:`decode` would accept ``raw`` (``bytes``) and give a dict or a list; False when
     it would not, or when that cannot be told without decoding (see the module's docstring)."""
-    if raw[:1] not in _OPENERS:  # a leading space, a BOM, a scalar: rare, decoded
+    if raw[:1] not in _OPENERS or not _parse_agrees(raw):  # a leading space, a BOM, a scalar: rare, decoded
         return False
+    try:
+        _native_skip(raw)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+class _Envelope(msgspec.Struct):
+    """Kafka Connect's JSON with ``schemas.enable=true``; the parts kept as their bytes."""
+
+    schema: msgspec.Raw
+    payload: msgspec.Raw
+
+
+_native_envelope = msgspec.json.Decoder(type=_Envelope).decode
+
+
+def envelope_payload(raw: bytes) -> bytes | None:
+    """The bytes of the ``payload`` of Kafka Connect's ``{"schema": ..., "payload": ...}`` envelope in
+    ``raw``, without decoding the schema or the payload: ~1 us for the 750-byte envelope of a 200-byte
+    record, where decoding it whole takes ~3 us. ``None`` when :func:`decode` would refuse ``raw``, would
+    not give an object holding both keys, or when that cannot be told natively (as for
+    :func:`is_json_container`), and for a null payload: the caller then decodes the whole document.
+    Duplicate keys keep the last value, as ``json.loads`` does."""
+    if (raw[:1] != b"{" and raw.lstrip(b" \t\r\n")[:1] != b"{") or not _parse_agrees(raw):
+        return None
+    try:
+        payload = bytes(_native_envelope(raw).payload)
+    except (ValueError, RecursionError):  # msgspec.ValidationError too: a key missing, not an object
+        return None
+    return None if payload == b"null" else payload
+
+
+class EnvelopeCutter:
+    """:func:`envelope_payload` at the cost of a comparison, for a topic whose envelopes repeat a schema.
+
+    Every record of a producer's topic carries the same schema, usually larger than the payload: once
+    an envelope was cut (checked whole by :func:`envelope_payload`) and ended ``"payload":<payload>}``,
+    its bytes before the payload are kept, and a later envelope that starts with the same bytes and
+    ends with ``}`` is cut by slicing. Whatever a value slot holds, those bytes around it make an
+    envelope whose payload (the last ``payload`` key's value) is that value - provided it is one JSON
+    value, which the slice's decoder checks: **a slice the decoder refuses must be decided by
+    :func:`envelope_payload` or by decoding the whole envelope**, never reported as it is (it may be
+    ``{..},"payload":{..}``, an envelope with a later ``payload`` key). At most :data:`PREFIXES` schemas
+    are kept, the latest learnt replacing the oldest. One instance per reader (not thread-safe).
+    """
+
+    PREFIXES = 8
+
+    def __init__(self) -> None:
+        self._prefixes: list[bytes] = []
+
+    def __call__(self, raw: bytes) -> tuple[bytes | None, bool]:
+        """``(payload, checked)``: the payload's bytes (None: decode ``raw`` whole), and whether ``raw``
+        was checked whole (False: cut by a known prefix, the slice not checked yet)."""
+        if raw[-1:] == b"}":
+            for prefix in self._prefixes:
+                if raw.startswith(prefix):
+                    payload = raw[len(prefix):-1]
+                    return (None, True) if payload == b"null" else (payload, False)
+        cut = envelope_payload(raw)
+        if cut is not None:
+            self._learn(raw, cut)
+        return cut, True
+
+    def _learn(self, raw: bytes, payload: bytes) -> None:
+        n = len(raw) - 1 - len(payload)
+        if raw[-1:] == b"}" and raw[n:-1] == payload and raw[:n].endswith(b'"payload":'):
+            self._prefixes.insert(0, raw[:n])
+            del self._prefixes[self.PREFIXES:]
+
+
+def _parse_agrees(raw: bytes) -> bool:
+    """Whether msgspec's parse of ``raw`` into ``msgspec.Raw`` agrees with :func:`decode` on accepting it:
+    False where it is more lenient (see the module's docstring)."""
     n = len(raw)
     bound = _getrecursionlimit() - CALLER_FRAMES
     if n >= bound and raw.count(b"[") + raw.count(b"{") >= bound:
@@ -120,10 +195,6 @@ def is_json_container(raw: bytes) -> bool:
             raw.decode()
         except UnicodeDecodeError:
             return False  # json.loads may still take it (a lone surrogate's bytes): decode decides
-    try:
-        _native_skip(raw)
-    except (ValueError, RecursionError):
-        return False
     return True
 
 

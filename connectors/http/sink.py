@@ -182,7 +182,7 @@ class HttpSink(BatchingSink):
         self._check(resp, "recover", None)
         try:
             pending = json.loads(resp.data)["pending"]
-            manifests = [TxnManifest.from_json(json.dumps(p["manifest"])) for p in pending]
+            manifests = [TxnManifest.from_json(json.dumps(p["manifest"]), f"GET {redact(url)}") for p in pending]
         except (ValueError, KeyError, TypeError) as exc:
             raise FatalError(f"recover: GET {redact(url)} answered something other than "
                              f'{{"pending": [{{"txn", "manifest"}}]}}: {exc!r}: {_text(resp)}', component=COMPONENT) from None

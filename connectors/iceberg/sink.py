@@ -61,6 +61,7 @@ from pyiceberg.io.pyarrow import _dataframe_to_data_files, parquet_files_to_data
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties
 
+from eosink.connectors.api import formats
 from eosink.connectors.api.errors import ConfigError, FatalError, RetryableError
 from eosink.connectors.api.records import SinkRecord, TxnManifest
 from eosink.connectors.api.sink import BatchingSink
@@ -191,7 +192,8 @@ class IcebergSink(BatchingSink):
             tt.files = [df.file_path for df in tt.data_files]
             self.storage.sync_files(tt.files)
         t4 = time.perf_counter()
-        doc = {"v": 1, "txn": txn, "connector": self.connector, "sink": self._fingerprint, "manifest": json.loads(manifest.to_json()),
+        doc = {"v": formats.ICEBERG_MARKER, "txn": txn, "connector": self.connector, "sink": self._fingerprint,
+               "manifest": json.loads(manifest.to_json()),
                "tables": [tt.doc() for tt, _ in plan.tables], "prepared_ms": int(time.time() * 1000)}
         self.markers.put(txn, doc)
         self._prepared[txn] = Prepared(manifest, [tt for tt, _ in plan.tables])
@@ -224,7 +226,8 @@ class IcebergSink(BatchingSink):
                 if doc is None:
                     self._commit_without_marker(txn_id)
                     return
-                prepared = Prepared(TxnManifest.from_json(json.dumps(doc["manifest"])), [TableTxn.from_doc(t) for t in doc["tables"]])
+                manifest = TxnManifest.from_json(json.dumps(doc["manifest"]), f"the marker of txn {txn_id}")
+                prepared = Prepared(manifest, [TableTxn.from_doc(t) for t in doc["tables"]])
             for tt in prepared.tables:
                 self._commit_table(prepared.manifest, tt)
             self.markers.delete(txn_id)
@@ -336,8 +339,8 @@ class IcebergSink(BatchingSink):
             if data is None:
                 continue  # committed or aborted while we listed
             try:
-                doc = json.loads(data)
-                out.append(TxnManifest.from_json(json.dumps(doc["manifest"])))
+                doc = self.markers.parse(txn_id, data)
+                out.append(TxnManifest.from_json(json.dumps(doc["manifest"]), f"the marker of txn {txn_id}"))
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("marker of txn %s is unreadable (%s): left for an operator", txn_id, exc)
                 out.append(TxnManifest(txn_id, self.connector, ()))

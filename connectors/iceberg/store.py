@@ -29,6 +29,7 @@ from pyarrow import fs as pafs
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
+from eosink.connectors.api import formats
 from eosink.connectors.common.durable import fsync_dir
 from eosink.connectors.iceberg.tlsio import S3_CA_BUNDLE, CaBundleFileIO
 
@@ -164,7 +165,16 @@ class Markers:
 
     def get(self, txn_id: str) -> dict[str, Any] | None:
         data = self.storage.read(self.uri(txn_id))
-        return None if data is None else json.loads(data)
+        return None if data is None else self.parse(txn_id, data)
+
+    def parse(self, txn_id: str, data: bytes) -> dict[str, Any]:
+        """A marker's document; :class:`~eosink.connectors.api.formats.NewerFormatError` when a newer eosink
+        wrote it in a format this one does not read (its ``v``)."""
+        doc: dict[str, Any] = json.loads(data)
+        found = doc.get("v", 1) if isinstance(doc, dict) else 1
+        formats.check(found if isinstance(found, int) else 1 << 30, formats.ICEBERG_MARKER, "the prepared-txn marker",
+                      self.uri(txn_id), component="iceberg")
+        return doc
 
     def delete(self, txn_id: str) -> None:
         self.storage.delete(self.uri(txn_id))

@@ -20,6 +20,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from eosink.connectors.api import formats
+
 #: One advisory lock key for all DDL of every eosink PostgreSQL sink in a database.
 DDL_LOCK_KEY = 0x656F73696E6B  # "eosink"
 #: Column names of the Kafka coordinates (``fields.kafka``), with their types.
@@ -126,6 +128,9 @@ def stage_name(table: str, schema: str | None) -> str:
 
 
 # -- bookkeeping tables -----------------------------------------------------------------------
+BOOKKEEPING_TABLES = ("eosink_txn_manifest", "eosink_offsets", "eosink_committed_txns")
+#: Each bookkeeping table's comment: its format (:mod:`eosink.connectors.api.formats`); none is format 1.
+FORMAT_COMMENT = "eosink bookkeeping format "
 BOOKKEEPING_DDL: tuple[str, ...] = (
     # The manifest of every transaction, written (autocommit) before its tpc transaction begins
     # and deleted inside it: recovery reads it while the transaction sits prepared.
@@ -151,6 +156,7 @@ BOOKKEEPING_DDL: tuple[str, ...] = (
         connector text NOT NULL,
         committed_at timestamptz NOT NULL DEFAULT now())""",
     "CREATE INDEX IF NOT EXISTS eosink_committed_txns_connector_idx ON eosink_committed_txns (connector, committed_at)",
+    *(f"COMMENT ON TABLE {t} IS '{FORMAT_COMMENT}{formats.POSTGRES_BOOKKEEPING}'" for t in BOOKKEEPING_TABLES),
 )
 
 
@@ -159,11 +165,21 @@ def lock_ddl(conn: psycopg.Connection[Any]) -> None:
 
 
 def bootstrap(conn: psycopg.Connection[Any]) -> None:
-    """Create the bookkeeping tables if any is missing (one catalog query when all exist)."""
+    """Create the bookkeeping tables if any is missing (one catalog query when all exist), and refuse
+    tables a newer eosink keeps in a format this one does not read (their comments say)."""
     row = conn.execute(
         "SELECT to_regclass('eosink_txn_manifest') IS NOT NULL AND to_regclass('eosink_offsets') IS NOT NULL"
-        " AND to_regclass('eosink_committed_txns') IS NOT NULL"
+        " AND to_regclass('eosink_committed_txns') IS NOT NULL, "
+        + ", ".join(f"obj_description(to_regclass('{t}'), 'pg_class')" for t in BOOKKEEPING_TABLES)
     ).fetchone()
+    for table, comment in zip(BOOKKEEPING_TABLES, row[1:] if row else ()):
+        if comment and str(comment).startswith(FORMAT_COMMENT):
+            try:
+                found = int(str(comment)[len(FORMAT_COMMENT):])
+            except ValueError:
+                found = 1 << 30
+            formats.check(found, formats.POSTGRES_BOOKKEEPING, "the bookkeeping table",
+                          f"{table} in database {conn.info.dbname} on {conn.info.host}:{conn.info.port}", component="postgres")
     if row and row[0]:
         return
     with conn.transaction():

@@ -401,7 +401,7 @@ class PostgresSink(StreamingCopy):
             if connector is not None:
                 if connector == self.connector:
                     try:
-                        out.append(TxnManifest.from_json(text or ""))
+                        out.append(TxnManifest.from_json(text or "", f"eosink_txn_manifest ({gid})"))
                     except (ValueError, KeyError, TypeError) as exc:
                         log.warning("prepared transaction %s has an unreadable manifest (%s): left for an operator", gid, exc)
                         out.append(TxnManifest(txn_id, self.connector, ()))

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import hashlib
 
+from eosink.connectors.api import formats
 from eosink.connectors.api.errors import FatalError, FencedError, RetryableError
 from eosink.connectors.api.records import TopicPartition, TxnManifest
 from eosink.connectors.s3.client import COMPONENT, CONFLICT, Bucket
 from eosink.connectors.s3.layout import Layout
+
+#: The epoch object's user metadata that holds its format (:mod:`eosink.connectors.api.formats`).
+FORMAT_METADATA = "eosink-format"
 
 
 class EpochFence:
@@ -61,6 +65,9 @@ class EpochFence:
         got = self.bucket.get(key)
         if got is None:
             return -1, None
+        found = got[1].get("Metadata", {}).get(FORMAT_METADATA, "1")
+        formats.check(int(found) if found.isdigit() else 1 << 30, formats.S3_EPOCH, "the epoch object",
+                      f"s3://{self.bucket.name}/{key}", component=COMPONENT)
         try:
             return int(got[0]), got[1]["ETag"]
         except ValueError:
@@ -79,7 +86,8 @@ class EpochFence:
             if seen >= epoch:
                 break
             cond = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
-            if self.bucket.call("put_object", key, Key=key, Body=str(epoch).encode(), none_on=CONFLICT, **cond) is not None:
+            if self.bucket.call("put_object", key, Key=key, Body=str(epoch).encode(), none_on=CONFLICT,
+                                Metadata={FORMAT_METADATA: str(formats.S3_EPOCH)}, **cond) is not None:
                 break  # None: another writer changed it since we read it; read again
         else:
             raise RetryableError(f"epoch of {tp} at s3://{self.bucket.name}/{key} keeps changing under us",

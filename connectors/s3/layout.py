@@ -36,10 +36,10 @@ class Prepared:
                           separators=(",", ":")).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> Prepared:
+    def from_json(cls, data: bytes, where: str = "a prepared txn's .json") -> Prepared:
         d = json.loads(data)
         staged = tuple(Staged(k, u, tuple((int(n), str(e)) for n, e in ps)) for k, u, ps in d["uploads"])
-        return cls(TxnManifest.from_json(json.dumps(d["manifest"])), str(d["ext"]), staged)
+        return cls(TxnManifest.from_json(json.dumps(d["manifest"]), where), str(d["ext"]), staged)
 
 
 @dataclass(frozen=True, slots=True)

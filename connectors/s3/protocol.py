@@ -317,7 +317,7 @@ class MultipartTxns:
         if got is None:
             return None
         try:
-            return Prepared.from_json(got[0])
+            return Prepared.from_json(got[0], f"s3://{self.bucket.name}/{key}")
         except (ValueError, KeyError, TypeError) as exc:
             raise FatalError(f"s3://{self.bucket.name}/{key} is not a prepared txn: {exc!r}", component=COMPONENT) from None
 

@@ -1,6 +1,7 @@
 """``eosink``: the command line.
 
     eosink stack up|down|status         the local stack (Kafka, ZooKeeper, PostgreSQL, S3)
+    eosink cluster init [options]       create a cluster's ZooKeeper root with its ACLs (once, before its workers)
     eosink worker [options]             run a worker (flags or EOSINK_* environment variables)
     eosink connectors apply FILE...     register / update connectors through a worker's REST API
     eosink connectors list|status|pause|resume|stop|restart|delete|offsets|transactions ...
@@ -41,6 +42,12 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     d = _stack_defaults()
     setting(p, "--bootstrap-servers", kind=typed.HOST_PORTS, env="EOSINK_BOOTSTRAP_SERVERS", default=d["bootstrap"],
             help="Kafka bootstrap servers")
+    _zookeeper_args(p)
+
+
+def _zookeeper_args(p: argparse.ArgumentParser) -> None:
+    """The cluster's ZooKeeper: address, name, credentials (``eosink worker`` and ``eosink cluster init``)."""
+    d = _stack_defaults()
     setting(p, "--zookeeper", kind=typed.ZK_HOSTS, env="EOSINK_ZOOKEEPER", default=d["zookeeper"], help="ZooKeeper hosts")
     setting(p, "--cluster", kind=typed.WORD, env="EOSINK_CLUSTER", default="default", help="cluster name")
     from eosink.worker.clients import zk_auth
@@ -239,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     from eosink.worker.clients.connectors_cmd import add_parser
 
     add_parser(sub)
+    from eosink.worker.clients import cluster_cmd
+
+    cluster_cmd.add_parser(sub, _zookeeper_args)
     return p
 
 

@@ -243,6 +243,8 @@ def _render(status: dict[str, Any]) -> list[str]:
         lines.append(f"  task {t['id']}: {t['state']}{extra} on {t['worker_id']}")
         if t.get("trace"):
             lines += [f"    {line}" for line in t["trace"].strip().splitlines()[-3:]]
+        if t.get("retrying"):  # a fault being retried (a sink away, a full disk): what, where, for how long
+            lines.append(f"    RETRYING {t['retrying']}")
         if t.get("partitions"):
             lines.append(f"    {'partition':32} {'epoch':>6} {'lag':>10} {'delivered':>12}")
             for p in t["partitions"]:

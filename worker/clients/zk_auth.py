@@ -17,7 +17,7 @@ from pathlib import Path
 from eosink.connectors.api.errors import ConfigError
 from eosink.worker.clients import typed
 from eosink.worker.clients.typed import setting
-from eosink.worker.engine.zk import ZkCredentials
+from eosink.worker.engine.zk import SCHEMES, ZkCredentials
 
 PASSWORD_ENV = "EOSINK_ZOOKEEPER_PASSWORD"
 
@@ -32,6 +32,16 @@ def _user(raw: str) -> str:
 USER = typed.Kind(_user, "a user name without spaces or ':'")
 
 
+def _scheme(raw: str) -> str:
+    if raw.strip().lower() not in ("", *SCHEMES):
+        raise ValueError(raw)
+    return raw.strip().lower()
+
+
+#: Empty means "the local stack's, else sasl".
+SCHEME = typed.Kind(_scheme, "sasl or digest")
+
+
 @dataclass(frozen=True)
 class StackZooKeeper:
     """The local stack's ZooKeeper security, when that stack is secure (all empty otherwise)."""
@@ -40,6 +50,7 @@ class StackZooKeeper:
     user: str = ""
     password_ref: str = ""  # a ${file:...} reference into credentials.properties, never the password
     ca_file: str = ""
+    scheme: str = "sasl"
 
 
 def stack_defaults() -> StackZooKeeper:
@@ -55,7 +66,7 @@ def stack_defaults() -> StackZooKeeper:
         zk = (ep.raw or {}).get("zookeeper", {})
         if ep.security and zk.get("user") and zk.get("password_key"):
             return StackZooKeeper(ep.zookeeper_hosts, zk["user"], f"${{file:{ep.security['credentials_file']}:{zk['password_key']}}}",
-                                  zk.get("ca_file", "") if zk.get("tls") else "")
+                                  zk.get("ca_file", "") if zk.get("tls") else "", zk.get("auth_scheme", "sasl"))
     except Exception:  # noqa: BLE001 - no local stack, or an open one: the settings must say
         pass
     return StackZooKeeper()
@@ -68,11 +79,15 @@ def add_args(p: argparse.ArgumentParser, defaults: StackZooKeeper | None = None)
     ``defaults``: :func:`stack_defaults`, applied when ``--zookeeper`` is the local stack's address.
     """
     setting(p, "--zookeeper-user", kind=USER, env="EOSINK_ZOOKEEPER_USER", default="",
-            help="ZooKeeper digest user: authenticate as it, and create every znode of the cluster readable and writable "
-                 f"by it alone; its password comes from {PASSWORD_ENV} or --zookeeper-password-file (either may be "
+            help="ZooKeeper user: authenticate as it (see --zookeeper-auth-scheme), and create every znode of the cluster "
+                 f"readable and writable by it alone; its password comes from {PASSWORD_ENV} or --zookeeper-password-file (either may be "
                  "${env:VAR} or ${file:/path:key})")
     setting(p, "--zookeeper-password-file", kind=typed.TEXT, env="EOSINK_ZOOKEEPER_PASSWORD_FILE", default="",
             help="file holding the ZooKeeper password (its first line), instead of " + PASSWORD_ENV)
+    setting(p, "--zookeeper-auth-scheme", kind=SCHEME, env="EOSINK_ZOOKEEPER_AUTH_SCHEME", default="",
+            metavar="sasl|digest",
+            help="sasl (default): SASL DIGEST-MD5, the server checks the password at login and the ACLs name sasl:<user>; "
+                 "digest: for a ZooKeeper without SASL, the password is checked by the ACLs (digest:<user>:<hash>) only")
     setting(p, "--zookeeper-ca-file", kind=typed.TEXT, env="EOSINK_ZOOKEEPER_CA_FILE", default="",
             help="connect to ZooKeeper over TLS, verifying its certificate (and host name) against this CA (PEM)")
     p.set_defaults(zookeeper_stack_defaults=defaults or StackZooKeeper())
@@ -104,8 +119,10 @@ def credentials(args: argparse.Namespace) -> ZkCredentials | None:
     user = args.zookeeper_user or ""
     raw, source = _password(args)
     stack = _stack(args)
+    scheme = getattr(args, "zookeeper_auth_scheme", "") or ""
     if not user and not raw and stack.user:
         user, raw, source = stack.user, stack.password_ref, "the local stack's credentials"
+        scheme = scheme or stack.scheme
     if not user and not raw:
         return None
     if not user:
@@ -120,7 +137,7 @@ def credentials(args: argparse.Namespace) -> ZkCredentials | None:
         raise ConfigError(f"the ZooKeeper password of user {user} is empty", key=PASSWORD_ENV, source=source)
     register_secret(password)
     register_secret(raw)
-    return ZkCredentials(user, password)
+    return ZkCredentials(user, password, scheme or "sasl")
 
 
 def _password(args: argparse.Namespace) -> tuple[str, str]:
@@ -150,4 +167,4 @@ def stack_security() -> tuple[ZkCredentials | None, str | None]:
         return None, None
     password = resolve_providers(stack.password_ref, key="zookeeper.password", source="the local stack's credentials")
     register_secret(password)
-    return ZkCredentials(stack.user, password), stack.ca_file or None
+    return ZkCredentials(stack.user, password, stack.scheme), stack.ca_file or None

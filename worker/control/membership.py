@@ -25,6 +25,7 @@ from eosink.worker.control.config import ConnectorConfig
 from eosink.worker.engine.kafka_errors import is_authorization
 from eosink.worker.engine.zk import ZkSession
 from eosink.worker.logging import get_logger
+from eosink.worker.version import VERSION
 
 log = get_logger("eosink.worker.control.membership")
 
@@ -104,7 +105,7 @@ class Membership:
             fresh = True
             try:
                 zk.create(me, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
-                                          "rest_url": rest_url}).encode(), ephemeral=True, makepath=True)
+                                          "rest_url": rest_url, "version": VERSION}).encode(), ephemeral=True, makepath=True)
             except NodeExistsError:
                 pass
             self._leader_node = None

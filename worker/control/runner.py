@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from eosink.connectors.api.errors import ConfigError, EosinkError
 from eosink.connectors.api.records import TopicPartition
 from eosink.worker import metrics
+from eosink.worker.control import cluster_format
 from eosink.worker.control.config import ConnectorConfig, parse_connector, secret_values
 from eosink.worker.control.membership import Membership, TopicPartitions
 from eosink.worker.control.status import StatusPublisher
@@ -152,6 +153,11 @@ class Worker:
     # -- the loop -------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         self.session.start(lock_open_tree=self.options.zookeeper_lock_open_tree)
+        try:
+            cluster_format.claim(self.session.client, self.session.root, self.session.hosts)
+        except BaseException:
+            self.session.stop()
+            raise
         metrics.track_worker(self)
         if self.options.rest_port or self.options.rest_advertised_url:
             from eosink.worker.control.rest import RestServer

@@ -59,8 +59,8 @@ class CycleRunner(PartitionHolder):
             if time.monotonic() - self._recovered_at > self.settings.recovery_interval_s:
                 self._unrecovered |= set(self.grants)
             if self._unrecovered:
-                if not self._recover_pending():
-                    return CycleResult(CycleOutcome.ABORTED)
+                if not self._recover_pending():  # its error shows in /status like a failed cycle's
+                    return CycleResult(CycleOutcome.ABORTED, error=self._recovery_error)
                 self._position()
             if not self.active_partitions():
                 return CycleResult(CycleOutcome.EMPTY)

@@ -52,7 +52,7 @@ class DeadLetterManifests:
         for name in sorted(names):
             doc = self.read(name)
             if doc is not None:
-                out.append(TxnManifest.from_json(json.dumps(doc["manifest"])))
+                out.append(TxnManifest.from_json(json.dumps(doc["manifest"]), f"the dead-letter manifest {name}"))
         return out
 
     def write(self, manifest: TxnManifest, worker: str, records: Sequence[Sequence[Any]]) -> None:

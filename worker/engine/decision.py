@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
+from eosink.connectors.api import formats
 from eosink.connectors.api.errors import CommitStateUnknownError, CoordinatorUnavailableError, FencedError
 from eosink.connectors.api.records import TopicPartition
 from eosink.worker import paths
@@ -59,16 +60,18 @@ class Entry:
         """The znode's data: JSON, with the time of the write (for an operator reading the tree)."""
         return json.dumps(
             {"owner": self.owner, "epoch": self.epoch, "next_offset": self.next_offset, "txn": self.txn,
-             "ts": int(time.time() * 1000)},
+             "ts": int(time.time() * 1000), "format": formats.ZOOKEEPER},
             separators=(",", ":"),
         ).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes | None) -> Entry:
-        """The entry a znode holds; no data is a partition never acquired (:data:`NO_ENTRY`)."""
+    def from_bytes(cls, data: bytes | None, where: str = "a decision log entry") -> Entry:
+        """The entry a znode holds; no data is a partition never acquired (:data:`NO_ENTRY`). An entry a newer
+        eosink wrote in a format this one does not read is refused (``where``: its path, for the error)."""
         if not data:
             return NO_ENTRY
         d = json.loads(data)
+        formats.check(formats.version_of(d), formats.ZOOKEEPER, "the decision log entry", where, component="decision-log")
         return cls(d.get("owner"), int(d.get("epoch", 0)), d.get("next_offset"), d.get("txn"))
 
 
@@ -177,7 +180,7 @@ class ZooKeeperDecisionLog:
                         break
                     except NodeExistsError:
                         continue
-                entry = Entry.from_bytes(data)
+                entry = Entry.from_bytes(data, f"ZooKeeper {path}")
                 try:
                     bumped = Entry(self.worker_id, entry.epoch + 1, entry.next_offset, entry.txn)
                     stat = self.zk.set(path, bumped.to_bytes(), version=stat.version)
@@ -221,8 +224,9 @@ class ZooKeeperDecisionLog:
         out: dict[TopicPartition, Entry] = {}
         for tp in partitions:
             try:
-                data, _ = self.zk.get_async(self._path(connector, tp)).get(timeout=self.session.request_timeout)
-                out[tp] = Entry.from_bytes(data)
+                path = self._path(connector, tp)
+                data, _ = self.zk.get_async(path).get(timeout=self.session.request_timeout)
+                out[tp] = Entry.from_bytes(data, f"ZooKeeper {path}")
             except NoNodeError:
                 out[tp] = NO_ENTRY
         return out

@@ -47,6 +47,8 @@ class PartitionHolder:
     _generation: str | None
     _resuming_until: float
     _recovered_at: float
+    #: The retryable error of the last recovery that failed: the cycle it aborts reports it (/status).
+    _recovery_error: BaseException | None
     _lock: threading.RLock
     _tolerance: Tolerance
 
@@ -97,11 +99,14 @@ class PartitionHolder:
         try:
             recover(self.connector, self.sinks, self.log, self.grants, targets, self.unresolved, self.logger)
         except Exception as exc:  # noqa: BLE001 - classified below
-            if outcome_of(exc) is Outcome.FATAL:
+            fatal = outcome_of(exc) is Outcome.FATAL
+            self._recovery_error = None if fatal else exc  # a fatal one is the task's trace already
+            if fatal:
                 self._fail(exc)
             else:
                 self.logger.warning("recovery_retry", error=str(exc))
             return False
+        self._recovery_error = None
         self._unrecovered -= targets
         self._recovered_at = time.monotonic()
         if not self._unrecovered and self.state is TaskState.RECOVERING:

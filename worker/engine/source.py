@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from eosink.connectors.api.errors import FatalError, RecordError, RetryableError
 from eosink.connectors.api.records import UNDECODED, LazyJsonRecord, SinkRecord, TopicPartition
 from eosink.connectors.api.rows import RowRecord
+from eosink.connectors.common.jsoncodec import EnvelopeCutter
 from eosink.worker.engine import gcpause
 from eosink.worker.engine.converters import CONVERTERS, REGISTRY_FORMATS, converter, json_checked, json_value
 from eosink.worker.engine.kafka_errors import ConnectionWatch, authorization_error
@@ -154,7 +155,12 @@ class KafkaSource(SourceProgress):
         self.group = str(conf["group.id"])
         self.consumer = Consumer(self.watch.install(conf))
         try:
-            self.decode = converter(value_converter, schemas_enable=schemas_enable, registry=value_registry)
+            #: Kafka Connect's ``schemas.enable`` envelope: each value's payload is cut out of its bytes
+            #: (``envelope_payload``) and then read as a schemaless JSON value is, bytes and all; an
+            #: envelope that cannot be cut natively is decoded whole (``unwrap_whole``), without bytes.
+            self.envelope = schemas_enable and value_converter == "json"
+            self.unwrap_whole = converter(value_converter, schemas_enable=schemas_enable, registry=value_registry)
+            self.decode = json_value if self.envelope else self.unwrap_whole
             self.converter = value_converter
             #: Keys are decoded only when asked (bytes: the key as it was on the topic).
             self.decode_key = None if key_converter == "bytes" else converter(key_converter, registry=key_registry)
@@ -163,7 +169,7 @@ class KafkaSource(SourceProgress):
             raise FatalError(f"unknown converter {value_converter!r}/{key_converter!r}; one of {', '.join(CONVERTERS)}",
                              component="config") from None
         #: The raw value is handed on only when it is the decoded value's own encoding (sinks then copy it).
-        self.keep_raw = not schemas_enable and value_converter not in REGISTRY_FORMATS
+        self.keep_raw = (self.envelope or not schemas_enable) and value_converter not in REGISTRY_FORMATS
         self.fetch_batch = fetch_batch
         # No decision yet: start where the reset policy says - never at the group's committed offset, which
         # is only a best-effort copy for Kafka tooling and may be stale (e.g. after the offsets were reset).
@@ -189,7 +195,7 @@ class KafkaSource(SourceProgress):
     def defer_json_decoding(self) -> bool:
         """Check JSON object and array values as they are read but decode them only when read
         (:class:`LazyJsonRecord`): for a task whose sinks all copy the values' bytes and that has no
-        transforms. True when it applies (``value.converter=json`` without ``schemas.enable``)."""
+        transforms. True when it applies (``value.converter=json``, the ``schemas.enable`` envelope's payloads too)."""
         if self.converter != "json" or not self.keep_raw:
             return False
         self.decode = json_checked
@@ -287,6 +293,8 @@ class KafkaSource(SourceProgress):
         append = out.append
         last = self._last
         decode, decode_key, keep_raw = self.decode, self.decode_key, self.keep_raw
+        unwrap = EnvelopeCutter() if self.envelope else None
+        unwrap_whole = self.unwrap_whole
         if not keep_raw or decode is not json_value:
             rows = None  # a row stands for the value only where the value is the JSON of raw_value
         row = None
@@ -341,18 +349,32 @@ class KafkaSource(SourceProgress):
                 if at_end:
                     at_end.discard((m.topic(), m.partition()))
                 raw = m.value()
+                whole = None  # an envelope decoded whole: its value has no bytes of its own
+                checked = True  # False: a payload sliced by a known schema prefix (EnvelopeCutter), not checked yet
+                if unwrap is not None and raw is not None:
+                    payload, checked = unwrap(raw)
+                    raw, whole = (payload, None) if payload is not None else (None, raw)
                 key = m.key()
                 what = "value"
                 typed = False
                 try:
-                    if row is not None:
-                        try:
-                            value = row(raw)
-                            typed = True
-                        except (ValueError, TypeError):  # not exactly the row: the converter decides, as without it
+                    try:
+                        if whole is not None:
+                            value = unwrap_whole(whole)
+                        elif row is not None:
+                            try:
+                                value = row(raw)
+                                typed = True
+                            except (ValueError, TypeError):  # not exactly the row: the converter decides, as without it
+                                value = decode(raw)
+                        else:
                             value = decode(raw)
-                    else:
-                        value = decode(raw)
+                    except (ValueError, RecursionError):
+                        if checked:
+                            raise
+                        # A slice its decoder refuses: the whole envelope decides (the value, or the refusal).
+                        raw, typed = None, False
+                        value = unwrap_whole(m.value())
                     if decode_key is not None:
                         what = "key"
                         key = decode_key(key)
@@ -363,7 +385,7 @@ class KafkaSource(SourceProgress):
                     )
                     if self.tolerate:
                         headers = m.headers()
-                        batch.failed.append(FailedRecord(m.topic(), m.partition(), m.offset(), m.key(), raw,
+                        batch.failed.append(FailedRecord(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
                                                          tuple(headers) if headers else (), m.timestamp()[1], error))
                         if len(batch.failed) >= MAX_FAILED_PER_BATCH:
                             self._pending = msgs[i + 1:]

@@ -80,6 +80,7 @@ class SinkTask(CycleRunner):
         self._lag_at = 0.0
         self._resuming_until = 0.0
         self._recovered_at = time.monotonic()
+        self._recovery_error: BaseException | None = None
         self.logger = log.bind(connector=connector, worker=worker_id)
         self.fanout = SinkFanout([*sinks, *([dead_letter] if dead_letter is not None else [])], self.settings,
                                  self.logger, sleep)

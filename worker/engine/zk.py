@@ -5,20 +5,28 @@ session expired - which a client cut off from the server may not hear until it r
 (measured with kazoo). So: on SUSPENDED stop deciding at once; once a full session timeout has passed
 on the local clock since the suspension, treat every partition as lost (``session_probably_lost``).
 
-**Credentials.** With :class:`ZkCredentials` the session authenticates with ZooKeeper's ``digest``
-scheme (which sends the password as it is: give a ``ca_file`` too, for TLS) and creates every
-znode with an ACL that gives that principal alone every permission: nobody else may read (configs
-may hold secrets) or write (the decision log is the commit point) the cluster's tree. The ACLs of the tree:
+**Credentials.** With :class:`ZkCredentials` the session authenticates as a principal, and every znode
+it creates gets an ACL that gives that principal alone every permission: nobody else may read
+(configs may hold secrets) or write (the decision log is the commit point) the cluster's tree.
+Two schemes: ``sasl`` (SASL DIGEST-MD5, kazoo's ``sasl_options``: the server checks the password at
+login and closes the session of a wrong one) and ``digest`` (the password is not checked, the ACLs
+alone refuse a wrong one; for a ZooKeeper without a JAAS file). Give a ``ca_file`` too, for TLS.
+The ACLs of the tree:
 
 ``/eosink``                    ``world:anyone`` CREATE only: each cluster, under its own principal,
                                creates ``/eosink/<cluster>`` beside the others; nobody may delete,
                                list, or re-ACL it (only ZooKeeper's super user can);
-``/eosink/<cluster>`` and all  ``digest:<user>:<hash>`` ALL, nothing for anyone else.
+``/eosink/<cluster>`` and all  ``<scheme>:<user>`` ALL, nothing for anyone else.
 below
 
-A cluster root that ``world:anyone`` may use (left by a run without credentials) is refused:
-whatever is in it may have been written by anyone, so a worker never adopts it silently;
-:func:`lock_open_tree_acls` takes it over when an operator asks for it explicitly.
+**The cluster root** is created once, by ``eosink cluster init`` (:func:`ZkSession.start` with
+``create_root=True``), as the cluster's principal. A worker with credentials never creates it: one
+that finds no root refuses to start and names that command, so a typo'd cluster name or a worker
+started before the operator cannot make a tree. A root whose ACL admits anyone besides the principal
+(made by someone else first: squatted) is refused. A root that ``world:anyone`` may use (left by a run
+without credentials) is refused too: whatever is in it may have been written by anyone, so a worker
+never adopts it silently; :func:`lock_open_tree_acls` takes it over when an operator asks for it
+explicitly. Without credentials (the open stack) a session creates the open root as before.
 """
 
 from __future__ import annotations
@@ -28,9 +36,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from kazoo import security
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError, SessionClosedRequireSaslError
+from kazoo.exceptions import AuthFailedError, NoAuthError, NodeExistsError, NoNodeError, SessionClosedRequireSaslError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL, ANYONE_ID_UNSAFE, OPEN_ACL_UNSAFE, Permissions, make_digest_acl
@@ -43,6 +53,12 @@ log = get_logger("eosink.worker.engine.zk")
 
 #: Where the credentials come from, as an error names them.
 CREDENTIAL_SETTINGS = "--zookeeper-user / EOSINK_ZOOKEEPER_USER and EOSINK_ZOOKEEPER_PASSWORD or --zookeeper-password-file"
+
+#: What creates a cluster's root when its workers have credentials.
+INIT_COMMAND = "eosink cluster init"
+
+#: Authentication schemes of :class:`ZkCredentials`.
+SCHEMES = ("sasl", "digest")
 
 #: ``/eosink``'s ACL: anyone may create a cluster root under it, nothing else (see the module docstring).
 TOP_ACL = [ACL(Permissions.CREATE, ANYONE_ID_UNSAFE)]
@@ -73,21 +89,53 @@ class OpenTreeError(FatalError):
     takes it over (:func:`lock_open_tree_acls`) or removes it."""
 
 
+class ClusterRootMissingError(FatalError):
+    """The cluster's root does not exist and this process may not create it: an operator runs ``eosink cluster init``."""
+
+
+class ClusterRootForeignError(FatalError):
+    """The cluster's root admits a principal besides the cluster's own: made by someone else first."""
+
+
 @dataclass(frozen=True)
 class ZkCredentials:
-    """A digest principal: ``user`` and ``password`` (never shown: ``repr`` hides it)."""
+    """A principal: ``user`` and ``password`` (never shown: ``repr`` hides it), authenticated with ``scheme``
+    (``sasl``: SASL DIGEST-MD5, checked at login; ``digest``: not checked, the ACLs decide)."""
 
     user: str
     password: str = field(repr=False)
+    scheme: str = "sasl"
+
+    def __post_init__(self) -> None:
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"ZooKeeper authentication scheme {self.scheme!r}: expected one of {', '.join(SCHEMES)}")
 
     @property
     def auth_data(self) -> list[tuple[str, str]]:
-        return [("digest", f"{self.user}:{self.password}")]
+        """``addauth`` pairs: the digest scheme's (SASL authenticates in :attr:`sasl_options` instead)."""
+        return [("digest", f"{self.user}:{self.password}")] if self.scheme == "digest" else []
+
+    @property
+    def sasl_options(self) -> dict[str, str] | None:
+        """kazoo's ``sasl_options`` for SASL DIGEST-MD5 (needs ``pure-sasl``); None for the digest scheme."""
+        if self.scheme != "sasl":
+            return None
+        return {"mechanism": "DIGEST-MD5", "username": self.user, "password": self.password}
 
     @property
     def acl(self) -> list[ACL]:
         """Every permission for this principal, none for anyone else."""
+        if self.scheme == "sasl":
+            return [security.make_acl("sasl", self.user, all=True)]
         return [make_digest_acl(self.user, self.password, all=True)]
+
+    def login_kwargs(self) -> dict[str, Any]:
+        """What a KazooClient needs to authenticate as this principal."""
+        return {"auth_data": self.auth_data or None, "sasl_options": self.sasl_options}
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """What a KazooClient needs to authenticate as this principal and create znodes only it may use."""
+        return {**self.login_kwargs(), "default_acl": self.acl}
 
 
 class ZkSession:
@@ -102,12 +150,13 @@ class ZkSession:
         self.session_timeout = session_timeout
         self.request_timeout = max(2.0, session_timeout / 2)
         self.credentials = credentials
+        self.created_root = False  # set by start(): whether it created the cluster's root
         self.hosts = hosts
         self._kazoo_log = _StartLogger(logging.getLogger("kazoo.client"), {})
-        # kazoo sends auth_data right after every (re)connect, before any request: a server that enforces
-        # authentication never sees an unauthenticated request from this client.
+        # kazoo authenticates (SASL, or addauth for digest) right after every (re)connect, before any request:
+        # a server that enforces authentication never sees an unauthenticated request from this client.
         self.client = KazooClient(hosts=hosts, timeout=session_timeout,
-                                  auth_data=credentials.auth_data if credentials else None,
+                                  **(credentials.login_kwargs() if credentials else {}),
                                   default_acl=credentials.acl if credentials else None, logger=self._kazoo_log,
                                   use_ssl=ca_file is not None, ca=ca_file, verify_certs=True, check_hostname=ca_file is not None,
                                   connection_retry=connection_retry())
@@ -118,51 +167,58 @@ class ZkSession:
         self._stopping = False
         self._on_reconnect: list[Callable[[], None]] = []
         self.client.add_listener(self._on_state)
+        self._login_failed = threading.Event()
+        if credentials is not None and credentials.scheme == "sasl":
+            _sasl_refusal_fails_the_login(self.client, self._login_failed)
 
-    def start(self, timeout: float = 30.0, lock_open_tree: bool = False) -> ZkSession:
-        """Connect and make sure this process may use the cluster's tree, creating its root if needed.
+    def start(self, timeout: float = 30.0, lock_open_tree: bool = False, create_root: bool | None = None) -> ZkSession:
+        """Connect and make sure this process may use the cluster's tree.
 
-        ``lock_open_tree``: take over a root left open by a run without credentials (see
+        ``create_root``: create ``/eosink/<cluster>`` when it is missing (what ``eosink cluster init`` does);
+        None: only without credentials (a worker with credentials refuses a missing root, see the module
+        docstring). ``lock_open_tree``: take over a root left open by a run without credentials (see
         :func:`lock_open_tree_acls`) instead of refusing it.
         """
         try:
             self.client.start(timeout=timeout)
         except KazooTimeoutError as exc:
+            if self._login_failed.is_set():  # the login failed before start() returned (the state is CLOSED by now)
+                raise self._login_refused() from None
             how = f"over TLS trusting {self.ca_file}" if self.ca_file else "without TLS (a TLS-only server? set --zookeeper-ca-file)"
             raise CoordinatorUnavailableError(f"cannot connect to ZooKeeper at {self.hosts} {how}", component="zookeeper") from exc
         self._state = KazooState.CONNECTED
         try:
-            self._ensure_root(lock_open_tree)
-        except BaseException:
+            self.created_root = self._ensure_root(lock_open_tree, self.credentials is None if create_root is None else create_root)
+        except BaseException as exc:
             self.stop()
+            if self._login_failed.is_set() and not isinstance(exc, CoordinatorAuthError):
+                # a request sent as the login failed meets a closed connection, not the refusal itself
+                raise self._login_refused() from None
             raise
         self._kazoo_log.quiet = False
         return self
 
-    def _ensure_root(self, lock_open_tree: bool) -> None:
+    def _ensure_root(self, lock_open_tree: bool, create_root: bool) -> bool:
+        """Check (and with ``create_root`` make) the cluster's root; True when this call created it."""
         try:
             if self.credentials is None:
                 # Open to anyone, as before credentials existed; created without ensure_path, whose
                 # exists("/eosink") a parent made by a worker with credentials refuses.
-                _create(self.client, paths.ROOT, OPEN_ACL_UNSAFE)
-                _create(self.client, self.root, OPEN_ACL_UNSAFE)
+                if create_root:
+                    _create(self.client, paths.ROOT, OPEN_ACL_UNSAFE)
+                created = create_root and _created(self.client, self.root, OPEN_ACL_UNSAFE)
                 self.client.get(self.root)  # a tree protected by ACLs refuses even this
-                return
-            _create(self.client, paths.ROOT, TOP_ACL)
-            self._warn_if_parent_open()
-            _create(self.client, self.root, self.credentials.acl)
-            acls, _ = self.client.get_acls(self.root)
-            if any(a.id == ANYONE_ID_UNSAFE and a.perms for a in acls):
-                if not lock_open_tree:
-                    raise OpenTreeError(
-                        f"{self.root} is open to anyone (world:anyone), made by a worker without credentials, so anyone may "
-                        f"have written it: stop that cluster's workers, check its connectors, then start one worker once "
-                        f"with --zookeeper-lock-open-tree (EOSINK_ZOOKEEPER_LOCK_OPEN_TREE=true) to give the tree to user "
-                        f"{self.credentials.user}, or delete {self.root} as ZooKeeper's super user",
-                        component="zookeeper")
-                locked = lock_open_tree_acls(self.client, self.root, self.credentials.acl)
-                log.warning("zookeeper_tree_locked", root=self.root, user=self.credentials.user, znodes=locked)
+                return bool(created)
+            created = False
+            if create_root:
+                _create(self.client, paths.ROOT, TOP_ACL)
+                self._warn_if_parent_open()
+                created = _created(self.client, self.root, self.credentials.acl)
+            self._check_root_acl(lock_open_tree)
             self.client.get(self.root)
+            return created
+        except AuthFailedError:
+            raise self._login_refused() from None
         except SessionClosedRequireSaslError:
             raise CoordinatorAuthError(
                 f"ZooKeeper at {self.hosts} requires authentication and closed the session before {self.root} "
@@ -175,6 +231,43 @@ class ZkSession:
             raise CoordinatorAuthError(
                 f"not authorized for {self.root} as user {self.credentials.user}: a wrong password, or the tree belongs to "
                 f"another principal (check {CREDENTIAL_SETTINGS})", component="zookeeper") from None
+
+    def _login_refused(self) -> CoordinatorAuthError:
+        user = self.credentials.user if self.credentials else "(none)"
+        return CoordinatorAuthError(
+            f"ZooKeeper at {self.hosts} refused the login of user {user} (SASL DIGEST-MD5): a wrong password, a user the "
+            f"server does not know, or a server without SASL users (then --zookeeper-auth-scheme digest) (check "
+            f"{CREDENTIAL_SETTINGS})", component="zookeeper")
+
+    def _check_root_acl(self, lock_open_tree: bool) -> None:
+        """The root must exist and admit this principal alone (or be open, and taken over on request)."""
+        assert self.credentials is not None
+        creds = self.credentials
+        try:
+            acls, _ = self.client.get_acls(self.root)
+        except NoNodeError:
+            raise ClusterRootMissingError(
+                f"ZooKeeper at {self.hosts} has no {self.root}: run `{INIT_COMMAND} --cluster {self.root.rsplit('/', 1)[1]}` "
+                f"once, as the cluster's principal (user {creds.user}), to create it with its ACLs; workers with "
+                "credentials never create it", component="zookeeper") from None
+        if any(a.id == ANYONE_ID_UNSAFE and a.perms for a in acls):
+            if not lock_open_tree:
+                raise OpenTreeError(
+                    f"{self.root} is open to anyone (world:anyone), made by a worker without credentials, so anyone may "
+                    f"have written it: stop that cluster's workers, check its connectors, then start one worker once "
+                    f"with --zookeeper-lock-open-tree (EOSINK_ZOOKEEPER_LOCK_OPEN_TREE=true) to give the tree to user "
+                    f"{creds.user}, or delete {self.root} as ZooKeeper's super user",
+                    component="zookeeper")
+            locked = lock_open_tree_acls(self.client, self.root, creds.acl)
+            log.warning("zookeeper_tree_locked", root=self.root, user=creds.user, znodes=locked)
+            return
+        own = {a.id for a in creds.acl}
+        others = sorted({f"{a.id.scheme}:{a.id.id}" for a in acls if a.id not in own})
+        if others:
+            raise ClusterRootForeignError(
+                f"{self.root} also admits {', '.join(others)} besides {creds.scheme}:{creds.user}: it was not made by "
+                f"`{INIT_COMMAND}` as this cluster's principal; check its connectors, delete it as ZooKeeper's super "
+                f"user, then run `{INIT_COMMAND}`", component="zookeeper")
 
     def _warn_if_parent_open(self) -> None:
         """``/eosink`` made by a run without credentials lets anyone re-ACL it and so stop new clusters from being
@@ -208,7 +301,7 @@ class ZkSession:
                 self._suspended_at = time.monotonic()
             elif state == KazooState.CONNECTED:
                 self._suspended_at = None
-        if state != KazooState.CONNECTED:
+        if state != KazooState.CONNECTED and not self._kazoo_log.quiet:  # a refused start is reported as one error
             log.warning("zookeeper_state", state=state)
         if back:
             for callback in list(self._on_reconnect):
@@ -256,10 +349,7 @@ def connection_retry() -> KazooRetry:
 def _create(client: KazooClient, path: str, acl: list[ACL]) -> None:
     """Create ``path`` with ``acl`` unless it exists. Not ``ensure_path``: its ``exists`` needs READ on
     the path, which ``/eosink`` gives nobody."""
-    try:
-        client.create(path, acl=acl)
-    except NodeExistsError:
-        pass
+    _created(client, path, acl)
 
 
 def lock_open_tree_acls(client: KazooClient, root: str, acl: list[ACL]) -> int:
@@ -287,3 +377,52 @@ def lock_open_tree_acls(client: KazooClient, root: str, acl: list[ACL]) -> int:
 
     walk(root)
     return count
+
+
+def kazoo_client(hosts: str, credentials: ZkCredentials | None = None, ca_file: str | None = None,
+                 **kwargs: Any) -> KazooClient:
+    """A KazooClient (not started) that authenticates as ``credentials`` and creates znodes only they may use;
+    ``ca_file``: over TLS, verifying the server's certificate and host name against this CA."""
+    auth = credentials.client_kwargs() if credentials else {}
+    client = KazooClient(hosts=hosts, use_ssl=ca_file is not None, ca=ca_file, verify_certs=True,
+                         check_hostname=ca_file is not None, **auth, **kwargs)
+    if credentials is not None and credentials.scheme == "sasl":
+        _sasl_refusal_fails_the_login(client)
+    return client
+
+
+def _sasl_refusal_fails_the_login(client: KazooClient, failed: threading.Event | None = None) -> None:
+    """Make a SASL login the server refuses end the session as AUTH_FAILED, as kazoo does for other login failures.
+
+    ZooKeeper answers a wrong DIGEST-MD5 password with the error SESSION_CLOSED_REQUIRE_SASL_AUTH;
+    kazoo 2.11 raises it out of its connection thread, which dies with a traceback on stderr while the
+    request waiting on the session gets ConnectionLoss. As AuthFailedError it is what kazoo handles:
+    the session state becomes AUTH_FAILED, no reconnection is tried, waiting requests get AuthFailedError.
+    (kazoo's development line catches it itself, after 2.11; this stays harmless there.) ``failed`` is set
+    on every failed login, so a caller can tell one from a lost connection after the state moved on.
+    """
+    conn = client._connection
+    login = conn._authenticate_with_sasl
+
+    def authenticate(host: str, timeout: float) -> None:
+        try:
+            login(host, timeout)
+        except AuthFailedError:
+            if failed is not None:
+                failed.set()
+            raise
+        except SessionClosedRequireSaslError as exc:
+            if failed is not None:
+                failed.set()
+            raise AuthFailedError("the server refused the SASL login") from exc
+
+    conn._authenticate_with_sasl = authenticate
+
+
+def _created(client: KazooClient, path: str, acl: list[ACL]) -> bool:
+    """Create ``path`` with ``acl`` unless it exists; True when this call created it."""
+    try:
+        client.create(path, acl=acl)
+    except NodeExistsError:
+        return False
+    return True

@@ -57,7 +57,6 @@ def _step(msg: str) -> None:
 def _reset(ep: Endpoints, access: DemoAccess, home: Path, partitions: int) -> None:
     import psycopg
     from confluent_kafka.admin import AdminClient, NewTopic
-    from kazoo.client import KazooClient
 
     topic = access.topic
     admin = AdminClient(access.kafka_admin)
@@ -73,10 +72,10 @@ def _reset(ep: Endpoints, access: DemoAccess, home: Path, partitions: int) -> No
         except Exception:  # noqa: BLE001 - deletion still settling
             time.sleep(0.3)
     from eosink.worker.clients.zk_auth import stack_security
+    from eosink.worker.engine.zk import kazoo_client
 
     creds, ca = stack_security()  # a secure stack's ZooKeeper: TLS, and a tree the workers' principal's alone
-    zk = KazooClient(hosts=ep.zookeeper_hosts, auth_data=creds.auth_data if creds else None,
-                     default_acl=creds.acl if creds else None, use_ssl=ca is not None, ca=ca, check_hostname=ca is not None)
+    zk = kazoo_client(ep.zookeeper_hosts, creds, ca)
     zk.start(timeout=20)
     root = paths.cluster_root("default")
     for path in (paths.partitions(root, CONNECTOR), paths.connector(root, CONNECTOR)):
@@ -137,6 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     _step(f"resetting demo topic {access.topic} ({args.partitions} partitions), table {access.table}, lake table {LAKE_TABLE}, "
           f"{access.warehouse}, s3://{access.archive_bucket}/{access.archive_prefix}, connector state")
     _reset(ep, access, home, args.partitions)
+    if access.secure:
+        # What an operator does once per cluster: workers with credentials never create the cluster's root.
+        _step("creating cluster default's ZooKeeper root as its principal, as an operator does once: eosink cluster init")
+        init = subprocess.run([sys.executable, "-m", "eosink.worker.clients.cli", "cluster", "init"], check=False,
+                              env={**os.environ, **access.worker_env})
+        if init.returncode != 0:
+            raise EosinkError(f"`eosink cluster init` failed (exit code {init.returncode}, its error is above)", component="demo")
 
     _step(f"publishing {args.orders} orders from a Spark job (one Kafka transaction per task)")
     from pyspark.sql import SparkSession

@@ -3,7 +3,7 @@
 ``eosink stack up --secure`` runs the same servers as the open stack, each locked down:
 
 - Kafka: SASL/SCRAM-SHA-512 over TLS, an ACL authorizer that denies whatever no ACL allows;
-- ZooKeeper: digest authentication required, ACLs on ``/eosink`` (see :mod:`eosink.worker.engine.zk`);
+- ZooKeeper: SASL (DIGEST-MD5) authentication required, ACLs on ``/eosink`` (see :mod:`eosink.worker.engine.zk`);
 - PostgreSQL: scram-sha-256 over TLS only, the sink as a role that owns its own schema and nothing else;
 - MinIO: TLS, the sink as a user whose policy allows one bucket;
 - the worker's REST API: TLS with HTTP basic authentication.
@@ -41,13 +41,17 @@ USERS: dict[str, str] = {
     "kafka.worker": "eosink-worker",        # the sink workers: read outboxes, own consumer groups
     "kafka.publisher": "eosink-publisher",  # the Spark outbox publisher: transactional writes
     "zookeeper": "eosink",                  # the workers of cluster "default": owner of /eosink/default
-    "zookeeper.admin": "super",             # ZooKeeper's superDigest user: repair only, never a worker
+    "zookeeper.other": "eosink-other",      # the workers of a second cluster beside "default": its own tree
+    "zookeeper.admin": "super",             # ZooKeeper's super user (superUser): repair only, never a worker
     "postgres.admin": "eosink",             # the cluster's superuser (creates roles and databases)
     "postgres.sink": "eosink_sink",         # what sinks connect as: owns schema eosink_sink, nothing else
     "s3.root": "eosink",                    # MinIO's root user (creates buckets, users and policies)
     "s3.sink": "eosink-sink",               # what sinks connect as: one bucket only
     "rest": "eosink",                       # the worker REST API's basic-auth user
 }
+
+#: The roles ZooKeeper's JAAS file knows: no other user can open a session.
+ZOOKEEPER_ROLES = ("zookeeper", "zookeeper.other", "zookeeper.admin")
 
 #: The bucket the S3 sink user may use, and nothing else.
 SINK_BUCKET = "eosink-secure"

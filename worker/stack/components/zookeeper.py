@@ -1,23 +1,23 @@
 """ZooKeeper 3.9 standalone, from the jars of ``jvm/zookeeper/pom.xml``.
 
 A secure stack's ZooKeeper serves TLS only (1.2+, the stack's server certificate; no plaintext
-port: digest credentials would cross it in clear), requires every client session to authenticate
-with the ``digest`` scheme before its first request (``enforce.auth.enabled``: a session that
-sends a request first is closed by the server), and knows a ``super`` user (``superDigest``) that
-bypasses every ACL, for an operator's repair only: no eosink process ever uses it. What a principal may do to a znode is the
-znode's ACL, set by the workers (:mod:`eosink.worker.engine.zk`). The four-letter-word probes
+port), authenticates every client session with SASL DIGEST-MD5 before its first request
+(``enforce.auth.enabled`` with ``enforce.auth.schemes=sasl``: a session that sends a request first is
+closed by the server, and a wrong password fails the login itself), and knows a super user
+(``superUser``, a SASL user) that bypasses every ACL, for an operator's repair only: no eosink process
+ever uses it. The users and their passwords are the JAAS file's ``Server`` section
+(``DigestLoginModule``, ``user_<name>="<password>"``), written from ``credentials.properties`` at every
+start. What a principal may do to a znode is the znode's ACL (``sasl:<user>``), set by
+``eosink cluster init`` and the workers (:mod:`eosink.worker.engine.zk`). The four-letter-word probes
 (``ruok``, ``srvr``) are not sessions and keep answering without credentials, over TLS.
 
-digest, not SASL: digest authentication cannot "fail" (the server turns ``user:password`` into an
-id and the ACLs decide what that id may do), so enforcing it means "no anonymous session", and
-the ACLs mean "nobody but the cluster's principal". SASL DIGEST-MD5 would add a password check at
-connect time but needs a JAAS file on both sides; kazoo's SASL needs the ``pure-sasl`` package.
+SASL, not digest: digest authentication cannot fail (the server turns any ``user:password`` into an
+id and only the ACLs refuse a wrong one), so a wrong password would show as "not authorized" on
+the first znode; SASL refuses it at the session. Clients need kazoo's SASL support (``pure-sasl``).
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 import socket
 import ssl
@@ -45,19 +45,24 @@ class ZooKeeper(Component):
         return {PORT_ENV: self.layout.port(PORT_ENV)}
 
     def endpoint(self) -> dict[str, Any]:
-        """The address; on a secure stack also its CA (TLS only), the cluster ``default``'s digest user and the
+        """The address; on a secure stack also its CA (TLS only), the cluster ``default``'s SASL user and the
         key of its password in ``credentials.properties`` (never the password)."""
         if not self.layout.secure:
             return {"hosts": self.address()}
         from eosink.worker.stack import secure
 
         return {"hosts": self.address(), "tls": True, "ca_file": str(secure.material(self.layout).ca_cert),
-                "auth_scheme": "digest", "user": secure.USERS["zookeeper"], "password_key": "zookeeper.password"}
+                "auth_scheme": "sasl", "user": secure.USERS["zookeeper"], "password_key": "zookeeper.password"}
 
     @property
     def keystore(self) -> Path:
         """The server's key and certificate in one PEM file, as ZooKeeper's PEM key store reads them."""
         return self.data_dir / "keystore.pem"
+
+    @property
+    def jaas_file(self) -> Path:
+        """A secure stack's SASL users and passwords (0600), as ZooKeeper's ``DigestLoginModule`` reads them."""
+        return self.data_dir / "jaas.conf"
 
     def address(self) -> str:
         return f"{HOST}:{self.layout.port(PORT_ENV)}"
@@ -71,9 +76,11 @@ class ZooKeeper(Component):
 
             m = secure.material(self.layout)
             _write_private(self.keystore, m.server_key.read_text() + m.server_cert.read_text())
-        _write_private(self.config_file, self._config())  # 0600: a secure stack's holds the super user's digest
+            _write_private(self.jaas_file, self._jaas())
+        _write_private(self.config_file, self._config())  # 0600, as the JAAS file beside it
         argv = [
             java, "-Xms64m", "-Xmx256m", "-XX:-UsePerfData", "-Djava.awt.headless=true",
+            *([f"-Djava.security.auth.login.config={self.jaas_file}"] if self.layout.secure else []),  # SASL users
             # slf4j-simple (see the pom) logs to stderr, which spawn() sends to zookeeper.log.
             "-Dorg.slf4j.simpleLogger.showDateTime=true",
             "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd'T'HH:mm:ss.SSS",
@@ -122,22 +129,30 @@ class ZooKeeper(Component):
         ]
 
     def _secure_config(self) -> list[str]:
-        """A secure stack's lines: digest authentication required, and the super user's digest.
+        """A secure stack's lines: SASL authentication required, and the super user (a SASL user).
 
         ZooKeeper turns an unknown ``key=value`` of zoo.cfg into the system property ``zookeeper.<key>``,
-        which is how both are read; in zoo.cfg (0600) the digest stays out of ``ps``.
+        which is how these are read.
         """
         if not self.layout.secure:
             return []
         from eosink.worker.stack import secure
 
         m = secure.material(self.layout)
-        user = m.user("zookeeper.admin")
         return [
+            "authProvider.sasl=org.apache.zookeeper.server.auth.SASLAuthenticationProvider",
             "enforce.auth.enabled=true",
-            "enforce.auth.schemes=digest",
-            f"DigestAuthenticationProvider.superDigest={digest_id(user, m.password('zookeeper.admin'))}",
+            "enforce.auth.schemes=sasl",
+            f"superUser={m.user('zookeeper.admin')}",
         ]
+
+    def _jaas(self) -> str:
+        """The JAAS ``Server`` section: every ZooKeeper principal of the stack (``secure.ZOOKEEPER_ROLES``) and its password."""
+        from eosink.worker.stack import secure
+
+        m = secure.material(self.layout)
+        users = "\n".join(f'    user_{m.user(role)}="{_jaas_quote(m.password(role))}"' for role in secure.ZOOKEEPER_ROLES)
+        return f"Server {{\n    org.apache.zookeeper.server.auth.DigestLoginModule required\n{users};\n}};\n"
 
     def probe(self) -> None:
         # `ruok` answers imok even when the server thread died at start-up (seen here: a missing
@@ -166,11 +181,8 @@ class ZooKeeper(Component):
         return answer
 
 
-def digest_id(user: str, password: str) -> str:
-    """ZooKeeper's digest id of ``user:password`` (``user:base64(sha1(user:password))``), as its ACLs and
-    ``superDigest`` name a principal; the same as kazoo's ``make_digest_acl_credential``."""
-    digest = base64.b64encode(hashlib.sha1(f"{user}:{password}".encode()).digest()).decode()
-    return f"{user}:{digest}"
+def _jaas_quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _write_private(path: Path, text: str) -> None:
