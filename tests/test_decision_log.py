@@ -55,4 +55,7 @@ def test_decision_refused_before_sending_while_suspended(sessions, monkeypatch):
     monkeypatch.setattr(sessions[0], "can_decide", lambda: False)
     with pytest.raises(RetryableError, match="suspended"):
         a.decide("c", "c.a.1.1", {tp: 1 for tp in TPS}, g)
-    assert {e.txn for e in a.read("c", TPS).values()} == {None}
+    # Nor read: kazoo would hold the request until the connection is back (a whole cut, not a timeout).
+    with pytest.raises(RetryableError, match="suspended; decision log not read"):
+        a.read("c", TPS)
+    assert {e.txn for e in ZooKeeperDecisionLog(sessions[1], "b").read("c", TPS).values()} == {None}

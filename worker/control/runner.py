@@ -108,6 +108,8 @@ class Worker:
         self.rest: Any = None  # eosink.worker.control.rest.RestServer once serving
         self.last_tick: float | None = None  # monotonic time of the last completed reconcile (liveness)
         self.registered = False  # this worker's znode exists in the current session (readiness)
+        #: Suspended past the session timeout on the local clock: every partition dropped (logged once).
+        self._presumed_lost = False
         self.leading = False  # as of the last reconcile (the metrics read it without a ZooKeeper call)
         self._last_assignment: dict[str, set[TopicPartition]] | None = None
 
@@ -164,6 +166,7 @@ class Worker:
                                    self.options.rest_tls).start()
         self._register()
         self.membership.watch(self._wake.set)
+        self.session.on_reconnect(self._zookeeper_back)
         self.registered = True
         log.info("worker_started", worker=self.options.worker_id, cluster=self.options.cluster, rest_url=self.rest_url)
         store = ConnectorStore(self.session)
@@ -197,13 +200,27 @@ class Worker:
             metrics.untrack_worker(self)
             log.info("worker_stopped", worker=self.options.worker_id)
 
+    def _zookeeper_back(self) -> None:
+        """On kazoo's thread, when the connection returns: reconcile now, and end every task's backoff after
+        the cycles ZooKeeper's absence aborted (it grows to ``errors.retry.delay.max.ms``)."""
+        self._wake.set()
+        for r in list(self.running.values()):
+            r.task.interrupt()
+
     def reconcile(self, store: ConnectorStore) -> None:
         """Bring running tasks in line with the configs, target states and this worker's assignment."""
         if self.session.session_probably_lost():
             self.registered = False
+            if not self._presumed_lost:  # once per suspension: what an operator sees of the local timer
+                self._presumed_lost = True
+                log.warning("zookeeper_session_presumed_lost", zookeeper=self.options.zookeeper,
+                            session_timeout_s=self.options.session_timeout_s, dropping=sorted(self.running))
             for r in self.running.values():
                 r.task.request_assignment(set())  # the partitions are someone else's by now
             return
+        self._presumed_lost = False
+        if not self.session.can_decide():
+            return  # suspended: a ZooKeeper read would wait for the connection, and this loop must keep turning
         self._register()
         self.registered = True
         desired = self._desired(store)

@@ -217,11 +217,15 @@ class ZooKeeperDecisionLog:
     def read(self, connector: str, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, Entry]:
         from kazoo.exceptions import NoNodeError
 
+        # Never a plain get(): while the connection is suspended kazoo holds a request until it is back,
+        # so a worker cut off from ZooKeeper would wait here for the whole cut (seen: a minute).
+        if not self.session.can_decide():
+            raise CoordinatorUnavailableError("ZooKeeper connection is suspended; decision log not read", component="decision-log")
         out: dict[TopicPartition, Entry] = {}
         for tp in partitions:
             try:
                 path = self._path(connector, tp)
-                data, _ = self.zk.get(path)
+                data, _ = self.zk.get_async(path).get(timeout=self.session.request_timeout)
                 out[tp] = Entry.from_bytes(data, f"ZooKeeper {path}")
             except NoNodeError:
                 out[tp] = NO_ENTRY
@@ -231,11 +235,14 @@ class ZooKeeperDecisionLog:
         """Graceful handoff: clear the owner (same epoch) so the next owner need not wait."""
         from kazoo.exceptions import KazooException
 
+        if not self.session.can_decide():
+            return  # cut off: nothing to hand over (and a request would wait for the connection)
         for tp, g in grants.items():
             try:
                 released = Entry(None, g.epoch, g.next_offset, g.txn)
-                self.zk.set(self._path(connector, tp), released.to_bytes(), version=g.version)
-            except KazooException:
+                self.zk.set_async(self._path(connector, tp), released.to_bytes(), version=g.version).get(
+                    timeout=self.session.request_timeout)
+            except (KazooException, self.session.timeout_exception):
                 pass  # someone already took it over, or we are cut off: nothing to hand over
 
     def new_generation(self, connector: str) -> int:

@@ -128,7 +128,7 @@ class SinkTask(CycleRunner):
             if result.outcome is CycleOutcome.EMPTY and self.state is TaskState.RUNNING:
                 self._report_lag(fresh=True)  # idle or paused: keep the lag in /status current (at most every 5 s)
             if result.outcome is CycleOutcome.ABORTED and self.state is not TaskState.FAILED:
-                stop.wait(self._backoff.next())
+                self._idle(stop, wake, self._backoff.next())  # an interrupt (ZooKeeper back, a new assignment) ends it
             elif result.outcome is CycleOutcome.EMPTY and (
                     self.state is not TaskState.RUNNING or not self.active_partitions()):
                 self._idle(stop, wake, min(0.5, self.settings.commit_interval_s))

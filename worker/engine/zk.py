@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ from kazoo import security
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import AuthFailedError, NoAuthError, NodeExistsError, NoNodeError, SessionClosedRequireSaslError
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry
 from kazoo.security import ACL, ANYONE_ID_UNSAFE, OPEN_ACL_UNSAFE, Permissions, make_digest_acl
 
 from eosink.connectors.api.errors import CoordinatorUnavailableError, FatalError
@@ -156,12 +158,14 @@ class ZkSession:
         self.client = KazooClient(hosts=hosts, timeout=session_timeout,
                                   **(credentials.login_kwargs() if credentials else {}),
                                   default_acl=credentials.acl if credentials else None, logger=self._kazoo_log,
-                                  use_ssl=ca_file is not None, ca=ca_file, verify_certs=True, check_hostname=ca_file is not None)
+                                  use_ssl=ca_file is not None, ca=ca_file, verify_certs=True, check_hostname=ca_file is not None,
+                                  connection_retry=connection_retry())
         self.ca_file = ca_file
         self._state = KazooState.LOST
         self._suspended_at: float | None = None
         self._lock = threading.Lock()
         self._stopping = False
+        self._on_reconnect: list[Callable[[], None]] = []
         self.client.add_listener(self._on_state)
         self._login_failed = threading.Event()
         if credentials is not None and credentials.scheme == "sasl":
@@ -291,6 +295,7 @@ class ZkSession:
         if self._stopping:
             return
         with self._lock:
+            back = state == KazooState.CONNECTED and self._state != KazooState.CONNECTED
             self._state = state
             if state == KazooState.SUSPENDED:
                 self._suspended_at = time.monotonic()
@@ -298,6 +303,14 @@ class ZkSession:
                 self._suspended_at = None
         if state != KazooState.CONNECTED and not self._kazoo_log.quiet:  # a refused start is reported as one error
             log.warning("zookeeper_state", state=state)
+        if back:
+            for callback in list(self._on_reconnect):
+                callback()
+
+    def on_reconnect(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on kazoo's thread: it must not block) whenever the connection comes back, so
+        work that waits out a backoff because ZooKeeper was away can go on at once."""
+        self._on_reconnect.append(callback)
 
     def can_decide(self) -> bool:
         return self._state == KazooState.CONNECTED and self.client.connected
@@ -316,6 +329,21 @@ class ZkSession:
                 raise CoordinatorUnavailableError(f"not connected to ZooKeeper ({self._state}) at {self.hosts}",
                                                   component="zookeeper")
             time.sleep(0.05)
+
+
+#: The longest pause between two rounds of connection attempts over every listed server.
+RECONNECT_MAX_DELAY_S = 1.0
+
+
+def connection_retry() -> KazooRetry:
+    """Reconnect forever, backing off to at most :data:`RECONNECT_MAX_DELAY_S` between rounds.
+
+    kazoo's default doubles the pause without a useful bound (3600 s): after an outage of half a minute
+    (an ensemble without a quorum) a client waited up to 25 s more before it tried again, long after the
+    quorum was back, and its session expired meanwhile. A new leader gives every session a fresh timeout,
+    so a client back within it keeps its session, its ephemeral znodes and its partitions.
+    """
+    return KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_jitter=0.4, max_delay=RECONNECT_MAX_DELAY_S)
 
 
 def _create(client: KazooClient, path: str, acl: list[ACL]) -> None:

@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     names = _names(args.only)
     try:
         if args.command == "up":
-            statuses = manager.up(names, report=_progress, brokers=args.kafka_brokers, secure=args.secure or None)
+            statuses = manager.up(names, report=_progress, brokers=args.kafka_brokers, secure=args.secure or None,
+                                  zookeeper_nodes=args.zookeeper_nodes)
         elif args.command == "down":
             manager.down(names, report=_progress)
             statuses = manager.status(names)
@@ -52,13 +53,19 @@ def _parser() -> argparse.ArgumentParser:
         description="The local stack (ZooKeeper, Kafka, PostgreSQL, S3) on 127.0.0.1, under $EOSINK_HOME/stack "
                     "(default ./.eosink/stack). Ports: EOSINK_ZOOKEEPER_PORT, EOSINK_KAFKA_PORT, "
                     "EOSINK_KAFKA_CONTROLLER_PORT, EOSINK_POSTGRES_PORT, EOSINK_S3_PORT. With --kafka-brokers N, "
-                    "Kafka node i uses EOSINK_KAFKA_PORT+2(i-1) and EOSINK_KAFKA_CONTROLLER_PORT+2(i-1).",
+                    "Kafka node i uses EOSINK_KAFKA_PORT+2(i-1) and EOSINK_KAFKA_CONTROLLER_PORT+2(i-1). With "
+                    "--zookeeper-nodes N, ZooKeeper node i serves clients on EOSINK_ZOOKEEPER_PORT+(i-1) and talks to its "
+                    "peers on EOSINK_ZOOKEEPER_PORT+10+(i-1) (quorum) and +20+(i-1) (election).",
     )
     parser.add_argument("command", choices=("up", "down", "status"))
     parser.add_argument("--json", action="store_true", help="print the status as JSON")
     parser.add_argument("--kafka-brokers", type=int, metavar="N",
                         help="up: run N Kafka nodes (KRaft combined mode, replication factor 3, min.insync.replicas 2 "
                              "when N>=3); default EOSINK_KAFKA_BROKERS, else what this home ran last, else 1")
+    parser.add_argument("--zookeeper-nodes", type=int, metavar="N", choices=(1, 3, 5),
+                        help="up: run a ZooKeeper ensemble of N nodes (1, 3 or 5) on loopback; endpoints.json's "
+                             "zookeeper.hosts lists them all; default EOSINK_ZOOKEEPER_NODES, else what this home ran "
+                             "last, else 1 (one standalone server)")
     parser.add_argument("--secure", action="store_true",
                         help="up: make this home a locked-down stack (Kafka SASL/SCRAM over TLS with ACLs, ZooKeeper "
                              "digest ACLs, PostgreSQL scram-sha-256 over TLS with a least-privilege role, MinIO over "

@@ -60,6 +60,31 @@ def port(env_var: str, offset: int = 0) -> int:
     return value
 
 
+def count_from_env(env_var: str, what: str) -> int | None:
+    """The whole number ``env_var`` sets (a node count: ``what`` names the unit), None when unset or empty."""
+    raw = os.environ.get(env_var, "")
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise StackError(f"{env_var}={raw!r} is not a whole number of {what}") from None
+
+
+def read_count(path: Path) -> int | None:
+    """The node count ``up`` recorded in ``path`` (see :func:`write_count`), None when there is none."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def write_count(path: Path, count: int) -> None:
+    """Record a node count, so ``down`` and ``status`` find every node without the flag."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{count}\n")
+
+
 @dataclass(frozen=True)
 class StackLayout:
     """The file tree under ``<home>/stack``: data per component, logs, pid files.

@@ -16,7 +16,7 @@ from typing import Any
 
 from eosink.worker.stack import proc
 from eosink.worker.stack import secure as secure_material
-from eosink.worker.stack.components import COMPONENTS, Component, kafka, kafka_config
+from eosink.worker.stack.components import COMPONENTS, Component, kafka, kafka_config, zookeeper_ensemble
 from eosink.worker.stack.endpoints import remove_endpoints, write_endpoints
 from eosink.worker.stack.errors import ComponentError, StackError
 from eosink.worker.stack.layout import HOST, StackLayout
@@ -51,14 +51,18 @@ class ComponentStatus:
                 "endpoint": self.endpoint, "log": str(self.log)}
 
 
-def select(names: Iterable[str] | None, layout: StackLayout, brokers: int | None = None) -> list[Component]:
+def select(names: Iterable[str] | None, layout: StackLayout, brokers: int | None = None,
+           zookeeper_nodes: int | None = None) -> list[Component]:
     """Component objects for ``names`` (all when None), in the stack's canonical order.
 
     ``kafka`` stands for every Kafka node (one unless the stack runs several, see
     :mod:`kafka_config`); ``kafka-<n>`` for node n alone (``kafka-1`` is node 1, listed as ``kafka``).
+    ``zookeeper`` likewise stands for every node of a ZooKeeper ensemble (:mod:`zookeeper_ensemble`).
     """
     nodes = kafka.nodes(layout, brokers)
+    zk_nodes = zookeeper_ensemble.nodes(layout, zookeeper_nodes)
     aliases = {f"kafka-{n}": node.name for n, node in enumerate(nodes, 1)}
+    aliases |= {f"zookeeper-{n}": node.name for n, node in enumerate(zk_nodes, 1)}
     offered = [n for n in COMPONENTS if not (layout.secure and n in OPEN_ONLY)]
     wanted = offered if names is None else [aliases.get(n, n) for n in names]
     refused = [n for n in wanted if layout.secure and n in OPEN_ONLY]
@@ -67,19 +71,22 @@ def select(names: Iterable[str] | None, layout: StackLayout, brokers: int | None
                          "use an open stack for it")
     unknown = [n for n in wanted if n not in COMPONENTS and n not in aliases.values()]
     if unknown:
-        choices = [*COMPONENTS, *list(aliases)[1:]]
+        choices = [*COMPONENTS, *[alias for alias, name in aliases.items() if alias == name]]
         raise StackError(f"unknown component(s) {', '.join(unknown)}; choose from {', '.join(choices)}")
     chosen: list[Component] = []
     for name, cls in COMPONENTS.items():
         if name == kafka.Kafka.name:
             chosen += [node for node in nodes if name in wanted or node.name in wanted]
+        elif name == zookeeper_ensemble.ZooKeeper.name:
+            chosen += [zk for zk in zk_nodes if name in wanted or zk.name in wanted]
         elif name in wanted:
             chosen.append(cls(layout))
     return chosen
 
 
 def up(names: Iterable[str] | None = None, home: Path | None = None, report: Report = _quiet,
-       brokers: int | None = None, secure: bool | None = None) -> list[ComponentStatus]:
+       brokers: int | None = None, secure: bool | None = None,
+       zookeeper_nodes: int | None = None) -> list[ComponentStatus]:
     """Start every selected component that is not already running and healthy; write endpoints.json.
 
     Components start concurrently (Kafka runs KRaft, not ZooKeeper), except those whose ``after``
@@ -87,19 +94,22 @@ def up(names: Iterable[str] | None = None, home: Path | None = None, report: Rep
     second wave. All failures are collected and raised together, so one run shows every problem.
     endpoints.json always lists every component's address (they follow from the config alone), also
     after ``up --only``; ``status`` tells which servers actually run. ``brokers`` is the Kafka
-    node count (default: ``EOSINK_KAFKA_BROKERS``, else what this home ran last, else 1).
+    node count (default: ``EOSINK_KAFKA_BROKERS``, else what this home ran last, else 1);
+    ``zookeeper_nodes`` the ZooKeeper node count, likewise (``EOSINK_ZOOKEEPER_NODES``).
     ``secure=True`` makes a new home a locked-down stack (see :mod:`eosink.worker.stack.secure`);
     ``None`` keeps what the home is.
     """
     layout = _layout_for_up(home, secure)
     layout.ensure()
-    components = select(names, layout, brokers)
+    components = select(names, layout, brokers, zookeeper_nodes)
     with proc.file_lock(layout.lock_file):
         if layout.secure:
             secure_material.ensure(layout)
             layout.secure_marker.touch()
         if any(isinstance(c, kafka.Kafka) for c in components):
             kafka_config.record_count(layout, kafka_config.broker_count(layout, brokers))
+        if any(isinstance(c, zookeeper_ensemble.ZooKeeper) for c in components):
+            zookeeper_ensemble.record_count(layout, zookeeper_ensemble.node_count(layout, zookeeper_nodes))
         errors = _in_waves(components, lambda c: _ensure_running(c, report))
         if errors:
             raise StackError("\n\n".join(str(e) for e in errors))

@@ -57,6 +57,15 @@ def route(method: str, segments: tuple[str, ...]) -> tuple[Any, dict[str, str], 
     return None, {}, allowed
 
 
+def _require_zookeeper(api: Any, path: str) -> None:
+    """A 503 at once for a connector route while the worker's ZooKeeper connection is suspended: every
+    such route reads ZooKeeper, and kazoo would hold the request until the connection is back."""
+    session = getattr(getattr(api, "worker", None), "session", None)
+    if path.startswith("/connectors") and session is not None and not session.can_decide():
+        raise ApiError(503, f"ZooKeeper is not available: this worker is not connected to {session.hosts} "
+                            "(connectors and their status live there); try again once it reconnects, or ask another worker")
+
+
 def _zk_unavailable(exc: BaseException) -> bool:
     from kazoo.exceptions import ConnectionLoss, OperationTimeoutError, SessionExpiredError
     from kazoo.handlers.threading import KazooTimeoutError
@@ -135,6 +144,7 @@ class _Handler(BaseHTTPRequestHandler):
                                     {"WWW-Authenticate": self.auth.challenge()}))
                 return
             req = Request(method, norm, params, parse_qs(split.query, keep_blank_values=True), body)
+            _require_zookeeper(self.api, norm)
             response = handler(self.api, req)
         except ApiError as exc:
             response = Response(exc.status, {"error_code": exc.status, "message": exc.message}, exc.headers)

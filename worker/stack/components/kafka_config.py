@@ -25,7 +25,7 @@ from pathlib import Path
 
 from eosink.worker.stack import secure
 from eosink.worker.stack.errors import StackError
-from eosink.worker.stack.layout import HOST, StackLayout, port
+from eosink.worker.stack.layout import HOST, StackLayout, count_from_env, port, read_count, write_count
 
 BROKERS_ENV = "EOSINK_KAFKA_BROKERS"
 PORT_ENV = "EOSINK_KAFKA_PORT"
@@ -48,12 +48,7 @@ ADMIN_ROLE = "kafka.admin"
 def broker_count(layout: StackLayout, requested: int | None = None) -> int:
     """The node count to act on: the argument, else the env var, else the recorded count, else 1."""
     if requested is None:
-        raw = os.environ.get(BROKERS_ENV, "")
-        if raw:
-            try:
-                requested = int(raw)
-            except ValueError:
-                raise StackError(f"{BROKERS_ENV}={raw!r} is not a whole number of brokers") from None
+        requested = count_from_env(BROKERS_ENV, "brokers")
     if requested is None:
         return recorded_count(layout) or 1
     if not 1 <= requested <= MAX_BROKERS:
@@ -66,10 +61,7 @@ def count_file(layout: StackLayout) -> Path:
 
 
 def recorded_count(layout: StackLayout) -> int | None:
-    try:
-        return int(count_file(layout).read_text().strip())
-    except (OSError, ValueError):
-        return None
+    return read_count(count_file(layout))
 
 
 def record_count(layout: StackLayout, count: int) -> None:
@@ -82,9 +74,7 @@ def record_count(layout: StackLayout, count: int) -> None:
             f"run `eosink stack down`, remove {layout.root}/kafka*, and `eosink stack up --kafka-brokers {count}` "
             "(or use another EOSINK_HOME)"
         )
-    path = count_file(layout)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{count}\n")
+    write_count(count_file(layout), count)
 
 
 def broker_port(layout: StackLayout, node: int) -> int:

@@ -22,7 +22,7 @@ import os
 import socket
 import ssl
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from eosink.worker.stack import jvm, proc
 from eosink.worker.stack.components.base import Component
@@ -34,6 +34,8 @@ PORT_ENV = "EOSINK_ZOOKEEPER_PORT"
 class ZooKeeper(Component):
     name = "zookeeper"
     ready_timeout_s = 30.0
+    #: The server's main class (an ensemble node runs ``QuorumPeerMain``, see :mod:`zookeeper_ensemble`).
+    main_class: ClassVar[str] = "org.apache.zookeeper.server.ZooKeeperServerMain"
 
     @property
     def config_file(self) -> Path:
@@ -82,7 +84,7 @@ class ZooKeeper(Component):
             # slf4j-simple (see the pom) logs to stderr, which spawn() sends to zookeeper.log.
             "-Dorg.slf4j.simpleLogger.showDateTime=true",
             "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd'T'HH:mm:ss.SSS",
-            "-cp", classpath, "org.apache.zookeeper.server.ZooKeeperServerMain", str(self.config_file),
+            "-cp", classpath, self.main_class, str(self.config_file),
         ]
         return proc.spawn(argv, self.log_path, cwd=self.data_dir)
 
