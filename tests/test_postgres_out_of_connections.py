@@ -76,14 +76,28 @@ def test_postgres_out_of_connections_at_open_is_retryable_naming_the_database_an
         text = str(none_open.value)
         assert _where(small_pg) in text and "limit: max_connections" in text and "too many clients" in text, text
         held.pop().close()  # room for one: the autocommit connection opens, the two-phase one is refused
-        with pytest.raises(RetryableError) as one_open:
-            sink.open()
-        text = str(one_open.value)
-        assert _where(small_pg) in text and f"max_connections={LIMIT} " in text, text
+        refusals: list[str] = []
+
+        def refused_with_one_open() -> bool:  # a closed connection's slot frees when its backend has exited
+            with pytest.raises(RetryableError) as one_open:
+                sink.open()
+            refusals.append(str(one_open.value))
+            return f"max_connections={LIMIT} " in refusals[-1]
+
+        wait_until(refused_with_one_open, 20, "the sink's autocommit connection to open", interval=0.2)
+        assert _where(small_pg) in refusals[-1] and "too many clients" in refusals[-1], refusals[-1]
         assert sink._ac is None, "a sink waiting for its second connection kept the first"
         held.pop().close()
         held.pop().close()
-        sink.open()  # both now
+
+        def opened() -> bool:
+            try:
+                sink.open()  # both now
+                return True
+            except RetryableError:
+                return False
+
+        wait_until(opened, 20, "both connections to open", interval=0.2)
         assert sink.recover() == []
     finally:
         sink.close()
