@@ -21,7 +21,7 @@ from bench._table import table
 REPO = Path(__file__).resolve().parent.parent
 #: One figure per bench script (bench/bench_*.py but the transforms' micro-benchmark).
 BENCHMARKS = {"worker", "e2e", "e2e-audit", "audit", "postgres", "s3", "http", "iceberg", "spark", "spark-streaming", "cluster",
-              "stream-latency", "peers"}
+              "connectors", "stream-latency", "peers"}
 
 
 def small_figure() -> dict[str, Any]:

@@ -103,6 +103,9 @@ class PostgresConnections:
                 refused = refusal.classify(str(exc), {**given, **kwargs}, self.connector)
                 if refused is not None:
                     raise refused from None
+                full = refusal.server_full(str(exc), exc.sqlstate)
+                if full is not None and attempt == attempts:
+                    raise self._out_of_connections(full, str(exc), {**given, **kwargs}, autocommit) from None
                 if attempt == attempts:
                     raise RetryableError(f"cannot connect to PostgreSQL ({attempt} attempt(s), connection.attempts): {exc}".strip(),
                                          component=COMPONENT) from exc
@@ -112,6 +115,32 @@ class PostgresConnections:
                                   source=f"connector '{self.connector}'") from None
         pgc.register_dumpers(conn)
         return conn
+
+    def _out_of_connections(self, limit: str, said: str, params: dict[str, Any], autocommit: bool) -> RetryableError:
+        """The server is full (SQLSTATE 53300): a retryable error naming the database and the limit.
+
+        The limit's value is read on the sink's other connection when it has one. That connection
+        is then closed (unless a transaction is open on it): a task needs both to deliver, and tasks
+        each holding one while waiting for the other could fill the server without any delivering."""
+        host, port = str(params.get("host") or "localhost"), params.get("port") or 5432
+        where = f"{host}:{port}/{params.get('dbname') or params.get('user') or ''}"
+        other = self._ac if not autocommit else (self._tx if self._tx_state == "idle" else None)
+        read = None
+        if other is not None and not (other.closed or other.broken):
+            read = refusal.limits(other) if other is self._ac else None
+            try:
+                other.close()
+            except Exception:  # noqa: BLE001 - releasing a slot is best effort
+                pass
+            if other is self._ac:
+                self._ac = None
+            else:
+                self._tx = None
+        detail = read if read and limit == "max_connections" else "; ".join(x for x in (limit, read) if x)
+        return RetryableError(
+            f"PostgreSQL at {where} has no connection slot left for connector '{self.connector}' (limit: {detail}; the "
+            f"server said: {' '.join(said.split())}); retrying - each task of a postgres sink needs 2 connections: raise "
+            "max_connections or run fewer tasks against this server", component=COMPONENT)
 
     def _acon(self) -> psycopg.Connection[Any]:
         if self._ac is None or self._ac.closed or self._ac.broken:

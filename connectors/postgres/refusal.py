@@ -6,6 +6,10 @@ client does not trust, a server that accepts TLS connections only. Each becomes 
 :class:`FatalError` naming the ``connection.*`` key (or the DSN parameter) to change; anything
 else (a server down, a network cut) stays retryable.
 
+A server that is full (SQLSTATE 53300: ``max_connections``, the reserved slots, a role's or a
+database's CONNECTION LIMIT) is retryable: connections free up as other clients end.
+:func:`server_full` names the limit and :func:`limits` reads its value for the error's message.
+
 The untrusted certificate is established by a TLS handshake of our own (PostgreSQL's SSLRequest,
 then the handshake against ``sslrootcert``), which also yields the precise reason (expired,
 self-signed, wrong host) instead of libpq's generic text. Password and TLS-only refusals are
@@ -81,3 +85,38 @@ def classify(text: str, params: dict[str, Any], connector: str) -> FatalError | 
         return FatalError(f"{src}: {where} accepts TLS connections only (pg_hba.conf): set sslmode=verify-full and "
                           f"sslrootcert=<CA file> in connection.url (now sslmode={mode})", component=COMPONENT)
     return None
+
+
+#: The server's FATAL texts for SQLSTATE 53300 (too_many_connections), and what sets each limit.
+_FULL = (
+    ("too many clients already", "max_connections"),
+    ("remaining connection slots are reserved", "max_connections minus the reserved slots"),
+    ("too many connections for role", "the role's CONNECTION LIMIT"),
+    ("too many connections for database", "the database's CONNECTION LIMIT"),
+)
+
+
+def server_full(text: str, sqlstate: str | None) -> str | None:
+    """Which limit refused a connection when the server is full (SQLSTATE 53300), else None."""
+    for words, limit in _FULL:
+        if words in text:
+            return limit
+    return "max_connections" if sqlstate == "53300" else None
+
+
+def limits(conn: Any) -> str | None:
+    """``max_connections=N`` with the reserved slots and the client connections in use, read on
+    ``conn`` (an open autocommit connection to the same server); None when it cannot be read."""
+    try:
+        row = conn.execute(
+            "SELECT current_setting('max_connections'), current_setting('superuser_reserved_connections'),"
+            " coalesce(current_setting('reserved_connections', true), '0'),"
+            " (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'),"
+            " (SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'eosink/%')").fetchone()
+    except Exception:  # noqa: BLE001 - the limit is a detail of the message, not worth a failure
+        return None
+    if row is None:
+        return None
+    total, superuser, reserved, used, ours = row
+    return (f"max_connections={total} (superuser_reserved_connections={superuser}, reserved_connections={reserved}; "
+            f"{used} client connections open, {ours} of them eosink sinks)")

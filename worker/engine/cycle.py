@@ -56,11 +56,13 @@ class CycleRunner(PartitionHolder):
                 return CycleResult(CycleOutcome.EMPTY)
             if self.fanout.abort_pending and not self.fanout.retry_aborts():
                 return CycleResult(CycleOutcome.ABORTED)
+            if not self.fanout.opened:
+                self._unrecovered |= set(self.grants)  # opened in recovery, before anything is consumed
             if time.monotonic() - self._recovered_at > self.settings.recovery_interval_s:
                 self._unrecovered |= set(self.grants)
             if self._unrecovered:
                 if not self._recover_pending():  # its error shows in /status like a failed cycle's
-                    return CycleResult(CycleOutcome.ABORTED, error=self._recovery_error)
+                    return CycleResult(CycleOutcome.ABORTED, error=self.recovery_error)
                 self._position()
             if not self.active_partitions():
                 return CycleResult(CycleOutcome.EMPTY)

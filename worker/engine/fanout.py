@@ -37,13 +37,22 @@ class SinkFanout:
         self.stopping = threading.Event()
         #: Called with each retryable commit error (the task shows it in its status).
         self.on_retry: Callable[[BaseException], None] | None = None
+        self._opened: set[int] = set()
 
     def __iter__(self) -> Iterator[TwoPhaseCommitSink]:
         return iter(self.sinks)
 
     def open(self) -> None:
+        """Open every sink not open yet, in order; one that raises is opened again at the next call."""
         for sink in self.sinks:
-            sink.open()
+            if id(sink) not in self._opened:
+                sink.open()
+                self._opened.add(id(sink))
+
+    @property
+    def opened(self) -> bool:
+        """Every sink opened (a retryable failure to open one - a server full or away - leaves it for later)."""
+        return len(self._opened) == len(self.sinks)
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -17,6 +17,7 @@ from eosink.connectors.api.errors import EosinkError, Outcome, outcome_of
 from eosink.connectors.api.records import TopicPartition
 from eosink.connectors.api.sink import TwoPhaseCommitSink
 from eosink.worker.engine.decision import DecisionLog, Grant
+from eosink.worker.engine.fanout import SinkFanout
 from eosink.worker.engine.faults import FAULTS
 from eosink.worker.engine.recovery import recover
 from eosink.worker.engine.source import RecordSource
@@ -47,10 +48,11 @@ class PartitionHolder:
     _generation: str | None
     _resuming_until: float
     _recovered_at: float
-    #: The retryable error of the last recovery that failed: the cycle it aborts reports it (/status).
-    _recovery_error: BaseException | None
     _lock: threading.RLock
     _tolerance: Tolerance
+    fanout: SinkFanout
+    #: Why the last recovery (or opening a sink before it) could not finish: a retryable error, shown in /status.
+    recovery_error: BaseException | None
 
     # ------------------------------------------------------------------ assignment and recovery
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
@@ -97,16 +99,17 @@ class PartitionHolder:
         FAULTS.hit("recover")
         targets = set(self._unrecovered)
         try:
+            self.fanout.open()  # a sink that could not open yet (its server full or away) recovers nothing
             recover(self.connector, self.sinks, self.log, self.grants, targets, self.unresolved, self.logger)
         except Exception as exc:  # noqa: BLE001 - classified below
-            fatal = outcome_of(exc) is Outcome.FATAL
-            self._recovery_error = None if fatal else exc  # a fatal one is the task's trace already
-            if fatal:
+            if outcome_of(exc) is Outcome.FATAL:
+                self.recovery_error = None  # a fatal one is the task's trace already
                 self._fail(exc)
             else:
+                self.recovery_error = exc
                 self.logger.warning("recovery_retry", error=str(exc))
             return False
-        self._recovery_error = None
+        self.recovery_error = None
         self._unrecovered -= targets
         self._recovered_at = time.monotonic()
         if not self._unrecovered and self.state is TaskState.RECOVERING:

@@ -14,6 +14,7 @@ from typing import Any
 
 import structlog
 
+from eosink.connectors.api.errors import Outcome, outcome_of
 from eosink.connectors.api.records import TopicPartition
 from eosink.connectors.api.sink import TwoPhaseCommitSink
 from eosink.worker import metrics
@@ -71,6 +72,7 @@ class SinkTask(CycleRunner):
         self.trace = None
         self.grants = {}
         self._unrecovered = set()
+        self.recovery_error = None
         self.unresolved = {}
         self._generation = None
         self._counter = 0
@@ -80,7 +82,6 @@ class SinkTask(CycleRunner):
         self._lag_at = 0.0
         self._resuming_until = 0.0
         self._recovered_at = time.monotonic()
-        self._recovery_error: BaseException | None = None
         self.logger = log.bind(connector=connector, worker=worker_id)
         self.fanout = SinkFanout([*sinks, *([dead_letter] if dead_letter is not None else [])], self.settings,
                                  self.logger, sleep)
@@ -95,7 +96,16 @@ class SinkTask(CycleRunner):
 
     # ------------------------------------------------------------------ lifecycle and loop
     def open(self) -> None:
-        self.fanout.open()
+        """Open the sinks. One that cannot open for now (a retryable error: its server is full or away)
+        is opened again before the task recovers its partitions; /status shows the error meanwhile."""
+        try:
+            self.fanout.open()
+        except Exception as exc:
+            if outcome_of(exc) is not Outcome.RETRYABLE:
+                raise
+            self.recovery_error = exc
+            self.retry_timeout.retrying(exc)
+            self.logger.warning("sink_open_retry", error=str(exc), error_class=type(exc).__name__)
         metrics.track_task(self)
 
     def close(self) -> None:
