@@ -168,16 +168,16 @@ def test_unresolved_prepared_txn_age_grows_until_it_is_resolved(stack, unique, m
 
 
 def test_task_failed_reads_1_for_a_connector_whose_task_cannot_start(stack, unique, make_topic, tmp_path, workers):
-    """A task that fails in ``open`` never exists to be read: the worker's failure is the series."""
-    from tests.procs import free_port
-
+    """A task that fails in ``open`` never exists to be read: the worker's failure is the series. (Refused
+    credentials are fatal at open; a server that is away is retried instead, with the task running.)"""
     topic = make_topic(1)
     name = unique.replace("_", "-")
-    nowhere = f"postgresql://eosink@127.0.0.1:{free_port()}/nothing?connect_timeout=2"  # nothing listens there
     w = start_worker(stack, unique, "w-nostart", tmp_path, session_timeout=SESSION)
     workers.append(w)
-    assert call(w.url, "POST", "/connectors", {"name": name, "config": {**_pg_config(stack, topic, unique),
-                                                                        "connection.url": nowhere}})[0] == 201
+    refused = {"connector.class": "s3", "topics": topic, "s3.bucket.name": name[:60].lower(),
+               "s3.endpoint.url": stack.s3["endpoint_url"], "s3.region": stack.s3["region_name"],
+               "aws.access.key.id": stack.s3["aws_access_key_id"], "aws.secret.access.key": "not-the-secret"}
+    assert call(w.url, "POST", "/connectors", {"name": name, "config": refused})[0] == 201
     wait_until(lambda: call(w.url, "GET", f"/connectors/{name}/status")[1].get("connector", {}).get("state") == "FAILED",
                60, f"{name} to be reported FAILED")
     wait_until(lambda: value(scrape(w.url), "eosink_task_failed", connector=name) == 1.0, 10,
