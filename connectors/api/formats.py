@@ -35,6 +35,8 @@ S3_EPOCH = 1
 ICEBERG_MARKER = 1
 #: The key under which a JSON document carries its format.
 KEY = "format"
+#: What an unreadable version counts as (not a number this release ever wrote): newer than anything it knows.
+UNREADABLE = 1 << 30
 
 
 class NewerFormatError(FatalError):
@@ -63,7 +65,7 @@ def version_of(doc: Any) -> int:
     try:
         return int(v)
     except (TypeError, ValueError):
-        return 1 << 30  # not a number this release ever wrote: newer than anything it knows
+        return UNREADABLE
 
 
 def check(found: int, known: int, what: str, where: str, *, component: str) -> None:

@@ -172,7 +172,7 @@ class Markers:
         wrote it in a format this one does not read (its ``v``)."""
         doc: dict[str, Any] = json.loads(data)
         found = doc.get("v", 1) if isinstance(doc, dict) else 1
-        formats.check(found if isinstance(found, int) else 1 << 30, formats.ICEBERG_MARKER, "the prepared-txn marker",
+        formats.check(found if isinstance(found, int) else formats.UNREADABLE, formats.ICEBERG_MARKER, "the prepared-txn marker",
                       self.uri(txn_id), component="iceberg")
         return doc
 

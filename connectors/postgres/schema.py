@@ -177,7 +177,7 @@ def bootstrap(conn: psycopg.Connection[Any]) -> None:
             try:
                 found = int(str(comment)[len(FORMAT_COMMENT):])
             except ValueError:
-                found = 1 << 30
+                found = formats.UNREADABLE
             formats.check(found, formats.POSTGRES_BOOKKEEPING, "the bookkeeping table",
                           f"{table} in database {conn.info.dbname} on {conn.info.host}:{conn.info.port}", component="postgres")
     if row and row[0]:

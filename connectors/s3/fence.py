@@ -66,7 +66,7 @@ class EpochFence:
         if got is None:
             return -1, None
         found = got[1].get("Metadata", {}).get(FORMAT_METADATA, "1")
-        formats.check(int(found) if found.isdigit() else 1 << 30, formats.S3_EPOCH, "the epoch object",
+        formats.check(int(found) if found.isdigit() else formats.UNREADABLE, formats.S3_EPOCH, "the epoch object",
                       f"s3://{self.bucket.name}/{key}", component=COMPONENT)
         try:
             return int(got[0]), got[1]["ETag"]

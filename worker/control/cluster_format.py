@@ -35,6 +35,6 @@ def claim(client: Any, root: str, hosts: str) -> int:
     try:
         found = formats.version_of(json.loads(data))
     except ValueError:
-        found = 1 << 30  # nothing this release wrote
+        found = formats.UNREADABLE
     formats.check(found, formats.ZOOKEEPER, "the cluster's ZooKeeper tree", f"ZooKeeper {hosts}{path}", component="zookeeper")
     return found
