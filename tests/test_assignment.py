@@ -58,3 +58,16 @@ def test_tasks_max_one_puts_a_connector_on_one_worker():
     parts = {"c": [TopicPartition("t", p) for p in range(8)]}
     a = assign(parts, {"c": 1}, ["w1", "w2", "w3"])
     assert sum(1 for w in a if a[w].get("c")) == 1
+
+
+def test_connectors_a_first_worker_took_are_spread_when_others_join():
+    """The first worker up takes every connector; the workers that join after it get their share."""
+    parts = {f"c{i:02d}": [TopicPartition(f"t{i}", p) for p in range(3)] for i in range(30)}
+    tmax = dict.fromkeys(parts, 1)
+    alone = assign(parts, tmax, ["w3"])
+    after = assign(parts, tmax, ["w1", "w2", "w3"], alone)
+    held = {w: sum(len(s) for s in after[w].values()) for w in after}
+    assert sorted(held.values()) == [30, 30, 30], held
+    kept = sum(1 for c in after["w3"] if after["w3"][c])
+    assert kept == 10, "the first worker should keep its share, moving only the excess"
+    assert assign(parts, tmax, ["w1", "w2", "w3"], after) == after, "a balanced assignment is stable"

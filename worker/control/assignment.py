@@ -10,7 +10,11 @@ Rules, per connector:
 
 * at most ``tasks.max`` workers consume it (as Kafka Connect users read ``tasks.max``);
 * balanced: the partition counts of any two of its workers differ by at most one;
-* sticky: a worker keeps what it had up to its quota; only the excess and the orphans move.
+* sticky: a worker keeps what it had up to its quota; only the excess and the orphans move;
+
+and across connectors, a worker keeps what it holds only while its partitions are under its fair
+share (all partitions over the live workers): a worker that started first and took every connector
+hands the excess to the workers that joined after it, as Kafka Connect's assignor spreads tasks.
 """
 
 from __future__ import annotations
@@ -34,14 +38,17 @@ def assign(
     if not live:
         return out
     load = {w: 0 for w in live}  # partitions given so far, across connectors: spreads connectors
+    total = sum(len(set(tps)) for tps in partitions.values())
+    fair = -(-total // len(live))  # a worker's share of every connector's partitions, rounded up
     for connector in sorted(partitions):
         tps = sorted(set(partitions[connector]))
         if not tps:
             continue
         held = {w: set(previous.get(w, {}).get(connector, set())) & set(tps) for w in live}
         k = max(1, min(tasks_max.get(connector, 1), len(live), len(tps)))
-        # Keep the workers that already hold the most of it, then the least loaded.
-        chosen = sorted(live, key=lambda w: (-len(held[w]), load[w], w))[:k]
+        # Keep the workers that already hold the most of it, unless they have their share already;
+        # then the least loaded.
+        chosen = sorted(live, key=lambda w: (load[w] >= fair, -len(held[w]), load[w], w))[:k]
         base, extra = divmod(len(tps), k)
         # The workers holding the most get the larger quotas, so fewer partitions move.
         ranked = sorted(chosen, key=lambda w: (-len(held[w]), w))
