@@ -18,6 +18,7 @@ unregister when they stop.
 from __future__ import annotations
 
 import platform
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -154,6 +155,7 @@ class LiveCollector(Collector):
         for c in sorted({c for w in workers for c in w.failed_connectors()} - with_task):
             failed.add_metric([c], 1.0)  # it failed before it had a task: FAILED in /status too
         yield from (failed, assigned, lag, stalled, fresh, unresolved, age)
+        yield from _pool_gauges()
         if workers:
             zk = GaugeMetricFamily("eosink_zookeeper_connected", "1 while this worker's ZooKeeper session is connected.")
             leader = GaugeMetricFamily("eosink_leader", "1 while this worker leads the cluster (assigns partitions).")
@@ -161,6 +163,25 @@ class LiveCollector(Collector):
             leader.add_metric([], 1.0 if any(w.is_leader() for w in workers) else 0.0)
             yield zk
             yield leader
+
+
+def _pool_gauges() -> Iterator[GaugeMetricFamily]:
+    """The worker's PostgreSQL pools (:mod:`eosink.connectors.postgres.pool`), once a postgres sink made one."""
+    pool = sys.modules.get("eosink.connectors.postgres.pool")
+    if pool is None:
+        return
+    conns = GaugeMetricFamily("eosink_postgres_pool_connections",
+                              "Connections of this worker's pool for a PostgreSQL database, by state: leased by a sink for a "
+                              "statement (autocommit) or a transaction until its PREPARE, or idle.", labels=["database", "state"])
+    size = GaugeMetricFamily("eosink_postgres_pool_size", "Most connections this worker opens to the database "
+                             "(--postgres-pool-size).", labels=["database"])
+    for where, st in sorted(pool.pools().items()):
+        conns.add_metric([where, "autocommit"], st["autocommit_leased"])
+        conns.add_metric([where, "transaction"], st["transaction_leased"])
+        conns.add_metric([where, "idle"], st["autocommit_idle"] + st["transaction_idle"])
+        size.add_metric([where], st["size"])
+    yield conns
+    yield size
 
 
 LIVE = LiveCollector()

@@ -1,11 +1,13 @@
-"""The PostgreSQL sink's two connections: opening them, checking the server, naming their errors.
+"""The PostgreSQL sink's connections: leasing them, checking the server, naming their errors.
 
-The sink keeps two connections (:mod:`eosink.connectors.postgres.sink`): an autocommit one for
-manifests, DDL, COMMIT/ROLLBACK PREPARED and recovery, and one that runs only the two-phase
-transactions. They live apart from the commit cycle because how a connection is made (DSN,
-timeouts, retries, time zone), which server is acceptable (``max_prepared_transactions`` > 0)
-and how a psycopg error becomes an outcome class (retryable for lost connections and lock
-timeouts, fatal otherwise) are one concern, shared by every phase of the cycle.
+The sink leases two kinds of connection from its worker's pool for the database
+(:mod:`eosink.connectors.postgres.pool`): an autocommit one for a moment - manifests, DDL,
+COMMIT/ROLLBACK PREPARED, recovery - and a two-phase one from ``tpc_begin`` until PREPARE returns
+(or the transaction is rolled back). They live apart from the commit cycle because how a
+connection is made (DSN, timeouts, retries, time zone), which server is acceptable
+(``max_prepared_transactions`` > 0) and how a psycopg error becomes an outcome class (retryable
+for lost connections and lock timeouts, fatal otherwise) are one concern, shared by every phase of
+the cycle.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from psycopg.conninfo import conninfo_to_dict
 from eosink.connectors.api.errors import ConfigError, EosinkError, FatalError, RetryableError
 from eosink.connectors.postgres import access, refusal
 from eosink.connectors.postgres import copy as pgc
+from eosink.connectors.postgres import pool as pgpool
 from eosink.connectors.postgres import schema as pgs
 from eosink.connectors.postgres.config import Settings
 from eosink.connectors.postgres.rejects import COMPONENT, describe
@@ -30,16 +33,18 @@ T = TypeVar("T")
 class PostgresConnections:
     """Connection handling mixed into :class:`~eosink.connectors.postgres.sink.PostgresSink`.
 
-    The sink's ``__init__`` sets the attributes declared here; the methods below reconnect
-    whichever connection broke and leave the other alone.
+    The sink's ``__init__`` sets the attributes declared here. ``_ac`` is the autocommit connection
+    while :meth:`_with_ac` holds its lease (a nested call uses it), ``_tx`` the two-phase one while a
+    transaction is open on it; between those, the sink holds no connection.
     """
 
     connector: str
     config: dict[str, Any]
     _ac: psycopg.Connection[Any] | None  # autocommit: manifests, DDL, COMMIT/ROLLBACK PREPARED, recovery
-    _tx: psycopg.Connection[Any] | None  # the two-phase transactions only
+    _tx: psycopg.Connection[Any] | None  # the two-phase transaction, from tpc_begin to PREPARE
     _tx_state: str  # idle | active | prepare-sent
     _bootstrapped: bool
+    _leases: pgpool.Pool | None
     settings: Settings
 
     def _target_tables(self) -> list[access.TableKey]:
@@ -56,27 +61,51 @@ class PostgresConnections:
         """
         conn, state = self._tx, self._tx_state
         self._tx_state = "idle"
-        if conn is None or state == "idle":
+        if conn is None:
+            return
+        if state == "idle":
+            self._release_tx()
             return
         if state == "active" and not (conn.broken or conn.closed):
             try:
                 conn.tpc_rollback()
+                self._release_tx()
                 return
             except psycopg.Error:
                 pass
+        self._release_tx(discard=True)
+
+    def _release_tx(self, discard: bool = False) -> None:
+        """Give the two-phase connection back to the pool (closed instead when ``discard``, broken,
+        or still inside a transaction): after PREPARE, the prepared transaction needs no session."""
+        conn, self._tx = self._tx, None
+        self._tx_state = "idle"
+        if conn is not None:
+            self._pool().release(conn, False, discard=discard)
+
+    def _pool(self) -> pgpool.Pool:
+        if self._leases is None:
+            given = self._dsn()
+            host, port = str(given.get("host") or "localhost"), given.get("port") or 5432
+            key = pgpool.PoolKey(self.config["connection.url"], str(self.config["connection.user"] or ""),
+                                 str(self.config["connection.password"] or ""), int(self.config["lock.timeout.ms"]),
+                                 str(self.config["db.timezone"] or ""))
+            self._leases = pgpool.pool_for(key, f"{host}:{port}/{given.get('dbname') or given.get('user') or ''}")
+        return self._leases
+
+    def _app_name(self) -> str:
+        return f"eosink/{self.connector}"[:63]
+
+    def _dsn(self) -> dict[str, Any]:
         try:
-            conn.close()
-        except Exception:  # noqa: BLE001 - already broken
-            pass
-        self._tx = None
+            return conninfo_to_dict(self.config["connection.url"])
+        except psycopg.ProgrammingError as exc:
+            raise ConfigError(f"not a valid PostgreSQL DSN: {exc}", key="connection.url", source=f"connector '{self.connector}'") from None
 
     def _connect(self, autocommit: bool) -> psycopg.Connection[Any]:
         url = self.config["connection.url"]
-        kwargs: dict[str, Any] = {"autocommit": autocommit, "application_name": f"eosink/{self.connector}"[:63]}
-        try:
-            given = conninfo_to_dict(url)
-        except psycopg.ProgrammingError as exc:
-            raise ConfigError(f"not a valid PostgreSQL DSN: {exc}", key="connection.url", source=f"connector '{self.connector}'") from None
+        kwargs: dict[str, Any] = {"autocommit": autocommit, "application_name": self._app_name()}
+        given = self._dsn()
         # A link that goes silent (a partition, a dead host) must end in an error, not a commit that
         # hangs until the kernel gives up (~15 min): TCP keepalives and a user timeout, unless the
         # DSN sets its own.
@@ -116,51 +145,56 @@ class PostgresConnections:
         pgc.register_dumpers(conn)
         return conn
 
-    def _out_of_connections(self, limit: str, said: str, params: dict[str, Any], autocommit: bool) -> RetryableError:
-        """The server is full (SQLSTATE 53300): a retryable error naming the database and the limit.
-
-        The limit's value is read on the sink's other connection when it has one. That connection
-        is then closed (unless a transaction is open on it): a task needs both to deliver, and tasks
-        each holding one while waiting for the other could fill the server without any delivering."""
+    def _out_of_connections(self, limit: str, said: str, params: dict[str, Any], autocommit: bool) -> pgpool.NoConnectionSlot:
+        """The server is full (SQLSTATE 53300): a retryable error naming the database and the limit
+        (its value read over an idle connection of the pool when there is one)."""
         host, port = str(params.get("host") or "localhost"), params.get("port") or 5432
         where = f"{host}:{port}/{params.get('dbname') or params.get('user') or ''}"
-        other = self._ac if not autocommit else (self._tx if self._tx_state == "idle" else None)
         read = None
-        if other is not None and not (other.closed or other.broken):
-            read = refusal.limits(other) if other is self._ac else None
+        other = self._pool().idle_autocommit()
+        if other is not None:
             try:
-                other.close()
-            except Exception:  # noqa: BLE001 - releasing a slot is best effort
-                pass
-            if other is self._ac:
-                self._ac = None
-            else:
-                self._tx = None
+                read = refusal.limits(other)
+            finally:
+                self._pool().release(other, True)
         detail = read if read and limit == "max_connections" else "; ".join(x for x in (limit, read) if x)
-        return RetryableError(
+        return pgpool.NoConnectionSlot(
             f"PostgreSQL at {where} has no connection slot left for connector '{self.connector}' (limit: {detail}; the "
-            f"server said: {' '.join(said.split())}); retrying - each task of a postgres sink needs 2 connections: raise "
-            "max_connections or run fewer tasks against this server", component=COMPONENT)
+            f"server said: {' '.join(said.split())}); retrying - this worker's postgres sinks share at most "
+            f"{self._pool().size} connections to it ({pgpool.ENV} / --postgres-pool-size): raise max_connections or "
+            "lower the pool size of the workers writing to this server", component=COMPONENT)
 
-    def _acon(self) -> psycopg.Connection[Any]:
-        if self._ac is None or self._ac.closed or self._ac.broken:
-            conn = self._connect(autocommit=True)
-            if not self._bootstrapped:
-                try:
-                    self._check_server(conn)
-                    pgs.bootstrap(conn)
-                except BaseException as exc:
-                    conn.close()
-                    if isinstance(exc, psycopg.Error):
-                        raise self._error(exc, None, "creating the bookkeeping tables") from exc
-                    raise
-                self._bootstrapped = True
-            self._ac = conn
-        return self._ac
+    def _lease_ac(self) -> psycopg.Connection[Any]:
+        """An autocommit connection from the pool; the first one this sink gets checks the server
+        and creates the bookkeeping tables."""
+        pool = self._pool()
+        try:
+            conn = pool.lease(True, self._connect, self._app_name())
+        except psycopg.Error as exc:  # naming a connection just made failed: it went away at once
+            raise self._error(exc, None, "connecting") from exc
+        assert conn is not None
+        if not self._bootstrapped:
+            try:
+                self._check_server(conn)
+                pgs.bootstrap(conn)
+            except BaseException as exc:
+                pool.release(conn, True, discard=True)
+                if isinstance(exc, psycopg.Error):
+                    raise self._error(exc, None, "creating the bookkeeping tables") from exc
+                raise
+            self._bootstrapped = True
+        return conn
 
-    def _tcon(self) -> psycopg.Connection[Any]:
-        if self._tx is None or self._tx.closed or self._tx.broken:
-            self._tx = self._connect(autocommit=False)
+    def _tcon(self, wait: bool = True) -> psycopg.Connection[Any] | None:
+        """The two-phase connection, leased from the pool if the sink holds none (None when ``wait``
+        is false and the pool has none free at once)."""
+        if self._tx is not None and (self._tx.closed or self._tx.broken):
+            self._release_tx(discard=True)
+        if self._tx is None:
+            try:
+                self._tx = self._pool().lease(False, self._connect, self._app_name(), wait=wait)
+            except psycopg.Error as exc:  # naming a connection just made failed: it went away at once
+                raise self._error(exc, None, "connecting") from exc
             self._tx_state = "idle"
         return self._tx
 
@@ -176,30 +210,35 @@ class PostgresConnections:
             )
 
     def _with_ac(self, fn: Callable[[psycopg.Connection[Any]], T], what: str = "statement") -> T:
-        """Run an idempotent ``fn`` on the autocommit connection, reconnecting once if it broke.
+        """Run an idempotent ``fn`` on an autocommit connection, reconnecting once if it broke.
 
         Everything run here may be repeated (the sink contract makes every operation idempotent),
-        so a connection found dead - e.g. after a server restart - costs a retry, not a cycle.
+        so a connection found dead - e.g. after a server restart - costs a retry, not a cycle. The
+        lease is held for ``fn`` only; a call from inside ``fn`` runs on the same connection.
         """
+        if self._ac is not None:  # nested: the enclosing call holds the lease and retries
+            conn = self._ac
+            try:
+                return fn(conn)
+            except psycopg.Error as exc:
+                raise self._error(exc, conn, what) from exc
         for attempt in (1, 2):
-            conn = self._acon()
+            conn = self._ac = self._lease_ac()
             try:
                 return fn(conn)
             except psycopg.Error as exc:
                 if attempt == 1 and (conn.broken or conn.closed) and isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
-                    self._ac = None
                     continue
                 raise self._error(exc, conn, what) from exc
+            finally:
+                self._ac = None
+                self._pool().release(conn, True)
         raise AssertionError("unreachable")
 
     def _error(self, exc: psycopg.Error, conn: psycopg.Connection[Any] | None, what: str) -> EosinkError:
         """Retryable for lost connections, timeouts and serialization failures; fatal otherwise."""
-        if conn is not None and (conn.broken or conn.closed):
-            if conn is self._ac:
-                self._ac = None
-            elif conn is self._tx:
-                self._tx = None
-                self._tx_state = "idle"
+        if conn is not None and (conn.broken or conn.closed) and conn is self._tx:
+            self._release_tx(discard=True)
         if isinstance(exc, psycopg.errors.LockNotAvailable):
             return RetryableError(
                 f"{what} failed: {exc}; waited lock.timeout.ms={self.config['lock.timeout.ms']} for a lock - a prepared "

@@ -124,6 +124,7 @@ class PostgresSink(StreamingCopy):
         self._tx: psycopg.Connection[Any] | None = None  # the two-phase transactions only
         self._tx_state = "idle"  # idle | active | prepare-sent
         self._bootstrapped = False
+        self._leases = None  # the worker's pool for this database, on first use
         self._tables = TableCache(connector, self.config, self.settings, self._with_ac)
         #: Tells this sink's prepared manifests from a sibling sink's (see :meth:`_sibling`).
         self._fingerprint = hashlib.sha1(
@@ -142,19 +143,12 @@ class PostgresSink(StreamingCopy):
     def open(self) -> None:
         """Connect, refuse a server without prepared transactions, create the bookkeeping tables."""
         self._with_ac(lambda conn: None)
-        self._tcon()
 
     def close(self) -> None:
-        """Close both connections; prepared transactions stay on the server for recovery."""
+        """Give the connections back (a transaction still open is rolled back); prepared
+        transactions stay on the server for recovery."""
         self._drop_stream()
-        for conn in (self._tx, self._ac):
-            if conn is not None:
-                try:
-                    conn.close()
-                except Exception:  # noqa: BLE001 - closing a broken connection may fail; nothing to do
-                    pass
-        self._tx = self._ac = None
-        self._tx_state = "idle"
+        self._rollback_tx()
 
     def audit_reader(self, name: str) -> PostgresReader:
         """The rows' Kafka coordinates read back (see :mod:`eosink.connectors.postgres.audit`)."""
@@ -280,6 +274,7 @@ class PostgresSink(StreamingCopy):
         if streamed and (self._tx is None or self._tx.broken or self._tx.closed):
             streamed = False  # the connection died with the streamed rows (the server rolled them back): write anew
         conn = self._tcon()
+        assert conn is not None
         t0 = time.perf_counter()
         self._tx_state = "active"
         if not streamed:
@@ -288,8 +283,9 @@ class PostgresSink(StreamingCopy):
             except (psycopg.OperationalError, psycopg.InterfaceError):
                 if not (conn.broken or conn.closed):
                     raise
-                self._tx = None  # died while idle (e.g. a server restart): nothing was sent, start over
+                self._release_tx(discard=True)  # died while idle (e.g. a server restart): nothing was sent, start over
                 conn = self._tcon()
+                assert conn is not None
                 self._tx_state = "active"
                 conn.tpc_begin(xid)
         with conn.cursor() as cur:
@@ -300,7 +296,7 @@ class PostgresSink(StreamingCopy):
         t1 = time.perf_counter()
         self._tx_state = "prepare-sent"
         conn.tpc_prepare()
-        self._tx_state = "idle"
+        self._release_tx()  # the prepared transaction needs no session: the next sink in line may take it
         t2 = time.perf_counter()
         self.timings.write_ms = (t1 - t0) * 1000
         self.timings.prepare_ms = (t2 - t1) * 1000

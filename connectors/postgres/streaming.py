@@ -123,7 +123,9 @@ class StreamingCopy(PostgresConnections, BatchingSink):
         assert self._txn_id is not None
         pgc.check_shape(shape, first)
         xid = self._xid(self._txn_id)
-        conn = self._tcon()
+        conn = self._tcon(wait=False)
+        if conn is None:  # every two-phase connection of the worker's pool is in use: write at prepare
+            raise _NotStreamed("no free connection in the pool")
         self._tx_state = "active"
         try:
             with contextlib.ExitStack() as opened:  # on a failure: the COPY failed, the cursor closed

@@ -149,6 +149,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from eosink.worker.logging import configure, get_logger, install_process_hooks, register_environment_secrets, register_secret
 
     configure(args.log_level)
+    from eosink.connectors.postgres import pool
+
+    pool.configure(args.postgres_pool_size)  # before any connector is assigned: every pool of this process takes it
     install_process_hooks()
     register_environment_secrets()
     given = kafka_settings(args.kafka_property)
@@ -240,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
             help="the leader audits what was decided since its last round, every this many seconds (0 = off)")
     setting(w, "--audit-max-records", kind=typed.COUNT, env="EOSINK_AUDIT_MAX_RECORDS", default="100000",
             help="most records one continuous-audit round checks per connector (the rest waits for the next round)")
+    setting(w, "--postgres-pool-size", kind=typed.COUNT, env="EOSINK_POSTGRES_POOL_SIZE", default="20",
+            help="most connections this worker opens to one PostgreSQL database (server, database and role), shared by "
+                 "all its postgres sinks (at least 2)")
     setting(w, "--log-level", kind=typed.LOG_LEVEL, env="EOSINK_LOG_LEVEL", default="INFO", help="log level")
     w.set_defaults(func=cmd_worker)
 
