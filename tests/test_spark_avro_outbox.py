@@ -169,3 +169,35 @@ def test_avro_outbox_of_a_type_without_avro_mapping_is_refused_naming_the_column
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
     assert f"{topic}-value" not in SchemaRegistryClient({"url": registry.url}).get_subjects(), "registered anyway"
+
+
+def test_avro_outbox_stream_publishes_every_micro_batch_once_under_one_schema_id(
+        spark, stack, registry: RegistryServer, make_topic, unique, tmp_path) -> None:  # noqa: F811 - the fixture is passed in
+    from confluent_kafka import Producer
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from eosink.spark_jobs import Outbox, publish_outbox_stream
+    from tests.stream_driver import source_frame
+
+    source, outbox, n = make_topic(2), make_topic(2), 250
+    p = Producer({"bootstrap.servers": stack.kafka_bootstrap})
+    for i in range(n):
+        p.produce(source, json.dumps({"n": i}).encode(), f"k-{i:06d}".encode())
+    assert p.flush(30) == 0
+    df = source_frame(spark, stack.kafka_bootstrap, source, 100)  # three micro-batches or more
+    query = publish_outbox_stream(df, Outbox(outbox, value=["k", "value"], format="avro", registry=registry.url),
+                                  key="k", job=unique, checkpoint=str(tmp_path / "ck"), kafka=stack.kafka_bootstrap,
+                                  trigger={"availableNow": True})
+    assert query.awaitTermination(120), "the query did not drain its source in time"
+    assert len(query.recentProgress) >= 3
+
+    records = read_topic(stack.kafka_bootstrap, outbox)
+    assert_exactly_once(records, [f"k-{i:06d}" for i in range(n)])
+    client = SchemaRegistryClient({"url": registry.url})
+    assert {int.from_bytes(r.value[1:5], "big") for r in records if r.value} == {
+        client.get_latest_version(f"{outbox}-value").schema_id}
+    decode, ctx = AvroDeserializer(client), SerializationContext(outbox, MessageField.VALUE)
+    for r in records:
+        assert decode(r.value, ctx) == {"k": r.key, "value": json.dumps({"n": int((r.key or "")[2:])})}
