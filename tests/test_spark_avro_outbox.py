@@ -40,6 +40,26 @@ def orders(spark, n: int, partitions: int = 2):  # noqa: F811 - the fixture is p
     )
 
 
+def more_types(spark, n: int):  # noqa: F811 - the fixture is passed in
+    """The rest of the mapping: arrays (a null element), maps, short, float, boolean, date, timestamp_ntz, NULL."""
+    from pyspark.sql import functions as F
+
+    i = F.col("id")
+    return orders(spark, n).select(
+        "id", F.array(i, F.lit(None).cast("long"), i * 2).alias("list"),
+        F.create_map(F.lit("a"), i.cast("double") / 4, F.lit("b"), F.lit(None).cast("double")).alias("dict"),
+        F.array(F.struct(i.alias("x"))).alias("points"), i.cast("short").alias("small"),
+        (i.cast("float") / 2).alias("ratio"), (i % 2 == 0).alias("ok"), F.date_add(F.lit("2026-01-01"), i.cast("int"))
+        .alias("day"), F.make_timestamp_ntz(F.lit(2026), F.lit(1), F.lit(2), F.lit(3), F.lit(4), F.lit(5.25)).alias("local"),
+        F.lit(None).alias("nothing"))
+
+
+def expected_more(i: int) -> dict:
+    return {"id": i, "list": [i, None, 2 * i], "dict": {"a": i / 4, "b": None}, "points": [{"x": i}], "small": i,
+            "ratio": i / 2, "ok": i % 2 == 0, "day": datetime.date(2026, 1, 1) + datetime.timedelta(days=i),
+            "local": datetime.datetime(2026, 1, 2, 3, 4, 5, 250000), "nothing": None}
+
+
 def expected(i: int) -> dict:
     return {"id": i, "name": f"n{i}", "amount": decimal.Decimal(i) / 100 + 1,
             "at": AT + datetime.timedelta(seconds=i), "blob": str(i).encode() + b"\x00\xff",
@@ -81,6 +101,22 @@ def test_avro_outbox_rows_round_trip_through_the_registry_exactly(
     for r in records:
         assert r.value is not None and r.value[0] == 0
         assert decode(r.value, ctx) == expected(int(r.key or -1)), r.key
+
+
+def test_avro_outbox_arrays_maps_dates_and_the_small_types_round_trip_exactly(
+        spark, stack, registry: RegistryServer, make_topic, unique) -> None:  # noqa: F811 - the fixture is passed in
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    topic, n = make_topic(1), 20
+    assert publish(spark, stack, more_types(spark, n), topic, unique, registry.url).records == n
+    records = read_topic(stack.kafka_bootstrap, topic)
+    assert_exactly_once(records, [str(i) for i in range(n)])
+    decode = AvroDeserializer(SchemaRegistryClient({"url": registry.url}))
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    for r in records:
+        assert decode(r.value, ctx) == expected_more(int(r.key or -1)), r.key
 
 
 def test_avro_outbox_delivered_by_a_worker_into_postgres_once_each(
