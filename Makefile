@@ -73,7 +73,7 @@ helm-template: venv
 	@$(PY) -m eosink.worker.stack.helm template eosink deploy/helm/eosink $(HELM_ARGS)
 
 # Benchmarks (ratios against a baseline measured in the same script): `make bench-worker`, ...
-BENCHES := bench-e2e bench-audit bench-worker bench-cluster bench-connectors bench-postgres bench-s3 bench-http bench-iceberg bench-spark bench-spark-streaming bench-latency bench-stream-latency bench-peers
+BENCHES := bench-e2e bench-audit bench-worker bench-cluster bench-connectors bench-postgres bench-s3 bench-http bench-iceberg bench-spark bench-spark-avro bench-spark-streaming bench-latency bench-stream-latency bench-peers
 bench: $(BENCHES)
 # bench-X runs bench/bench_X.py (dashes as underscores), bench/bench_X_sink.py or bench/bench_X_publisher.py, whichever exists.
 $(BENCHES): bench-%: stack

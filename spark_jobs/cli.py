@@ -2,7 +2,7 @@
 
     eosink spark run <job> [--run-id ID] [--bootstrap HOST:PORT] [--master URL] [job args...]
     eosink spark jobs        list the jobs
-    eosink spark jars        resolve the Kafka source/sink jars with Maven and print their paths
+    eosink spark jars        resolve the Kafka source/sink and spark-avro jars with Maven and print their paths
 
 ``run`` starts a SparkSession in this process (``local[*,4]`` unless ``--master`` is given: the
 ``,4`` lets Spark retry a failed task locally, which plain ``local[*]`` never does) and prints the

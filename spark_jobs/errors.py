@@ -127,6 +127,33 @@ class PartitioningChangedError(FatalError):
         )
 
 
+class UnsupportedTypeError(ConfigError):
+    """A value column's Spark type has no Avro mapping (or its name is not a valid Avro name)."""
+
+    def __init__(self, column: str, detail: str) -> None:
+        super().__init__(f"value column '{column}' cannot be written as Avro: {detail}", key="value",
+                         source="publish_outbox")
+        self.column = column
+
+
+class RegistryUnreachableError(RetryableError):
+    """The schema registry did not answer (connection refused, timeout, DNS, 5xx): nothing was published."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        super().__init__(f"the schema registry at schema.registry.url={url!r} is not reachable: {detail}; "
+                         "nothing was published", component=COMPONENT)
+        self.url = url
+
+
+class SchemaRejectedError(FatalError):
+    """The registry refused the derived schema for the subject (incompatible, invalid, or not authorised)."""
+
+    def __init__(self, subject: str, url: str, detail: str) -> None:
+        super().__init__(f"the schema registry at {url} refused the Avro schema for subject '{subject}': {detail}; "
+                         "nothing was published", component=COMPONENT)
+        self.subject = subject
+
+
 class PublishError(FatalError):
     """Any other non-retriable failure of the publisher (a fatal producer error, bad configuration)."""
 
@@ -184,6 +211,9 @@ __all__ = [
     "MissingColumnError",
     "PartitioningChangedError",
     "PublishError",
+    "RegistryUnreachableError",
+    "SchemaRejectedError",
+    "UnsupportedTypeError",
     "TaskTooLongError",
     "TopicMissingError",
     "TransactionAbortedError",

@@ -1,9 +1,9 @@
-"""The JVM jars for Spark's Kafka source/sink, resolved from Maven Central with Maven.
+"""The JVM jars for Spark's Kafka source/sink and spark-avro, resolved from Maven Central with Maven.
 
 Spark's ``spark.jars.packages`` resolves through Ivy, which does not see the Maven settings and
 mirrors of every network; ``mvn dependency:copy-dependencies`` on the pom shipped in
 ``spark_jobs/jvm/pom.xml`` does, and the jars are then passed to Spark by path (``spark.jars``).
-The pom lists exactly the four jars pyspark does not ship (see its comments), so the cache holds
+The pom lists exactly the jars pyspark does not ship (see its comments), so the cache holds
 nothing that could clash with pyspark's own classpath.
 
 Cache: ``${XDG_CACHE_HOME:-~/.cache}/eosink/jvm/spark-<sha1(pom)[:12]>/`` with a ``.complete``

@@ -1,7 +1,8 @@
 """What goes to which outbox topic, and the DataFrame projection the tasks consume.
 
-The encoding work (key to utf-8 bytes, row to JSON) is done by Spark's JVM (``to_json``) before the
-data reaches Python, and the Python side receives plain Arrow binary columns through ``mapInArrow``:
+The encoding work (key to utf-8 bytes, row to JSON or to Avro in Confluent's wire format) is done by
+Spark's JVM (``to_json``, ``to_avro``: :mod:`eosink.spark_jobs.avro`) before the data reaches Python,
+and the Python side receives plain Arrow binary columns through ``mapInArrow``:
 per record it only calls ``Producer.produce``. That is the fast path; there is no per-row Python
 serialisation, no ``Row`` objects and no pickling.
 """
@@ -16,6 +17,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType, StructType
 
 from eosink.connectors.api.errors import ConfigError
+from eosink.spark_jobs.avro import FORMATS, avro_value
 from eosink.spark_jobs.errors import MissingColumnError
 
 # Nulls are written as JSON null rather than dropped: sinks see the same fields in every record.
@@ -34,6 +36,13 @@ class Outbox:
     * ``when``: a boolean column; only rows where it is true go to this topic (e.g. alerts only for
       high balances). Rows where it is false or null are skipped.
     * ``headers``: constant extra headers for every record of this topic.
+    * ``format``: ``"json"`` (above) or ``"avro"``: the same columns as an Avro record in Confluent's wire
+      format (a struct column passed alone is the record itself; a single other column a record of one
+      field), its schema derived from the columns and registered under ``subject``.
+    * ``registry``: with ``format="avro"``, the schema registry: its URL (``schema.registry.url``) or a
+      mapping of Connect's keys ``schema.registry.url``, ``basic.auth.credentials.source``,
+      ``basic.auth.user.info``.
+    * ``subject``: the registry subject; ``None`` = ``<topic>-value`` (Confluent's TopicNameStrategy).
     """
 
     topic: str
@@ -41,6 +50,9 @@ class Outbox:
     value: str | Sequence[str] | None = None
     when: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    format: str = "json"
+    registry: str | Mapping[str, str] | None = None
+    subject: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,7 +71,38 @@ def _require(df: DataFrame, name: str, role: str) -> None:
         raise MissingColumnError(name, list(df.columns), role=role)
 
 
-def _value_expr(df: DataFrame, value: str | Sequence[str] | None) -> Column:
+def _value_expr(df: DataFrame, ob: Outbox) -> Column:
+    if ob.format not in FORMATS:
+        raise ConfigError(f"Outbox('{ob.topic}', format={ob.format!r}): one of {', '.join(FORMATS)}", key="format",
+                          source="publish_outbox")
+    if ob.format == "avro":
+        return _avro_expr(df, ob)
+    if ob.registry is not None or ob.subject is not None:
+        raise ConfigError(f"Outbox('{ob.topic}') has registry= or subject= but writes JSON: add format='avro'",
+                          key="format", source="publish_outbox")
+    return _json_expr(df, ob.value)
+
+
+def _avro_expr(df: DataFrame, ob: Outbox) -> Column:
+    """The value as a struct (nullable fields stay nullable), its Catalyst type read from the plan, then Avro."""
+    value = ob.value
+    if value is None:
+        struct = F.struct(*[df[c] for c in df.columns])
+    elif isinstance(value, str):
+        _require(df, value, "value")
+        dtype = df.schema[value].dataType
+        struct = (F.struct(*[df[value][f.name].alias(f.name) for f in dtype.fields]) if isinstance(dtype, StructType)
+                  else F.struct(df[value]))
+    else:
+        for c in value:
+            _require(df, c, "value")
+        struct = F.struct(*[df[c] for c in value])
+    struct_type = df.select(struct.alias("v")).schema["v"].dataType
+    assert isinstance(struct_type, StructType)
+    return avro_value(struct, struct_type, ob.topic, ob.registry, ob.subject)
+
+
+def _json_expr(df: DataFrame, value: str | Sequence[str] | None) -> Column:
     if value is None:
         return F.to_json(F.struct(*[df[c] for c in df.columns]), JSON_OPTIONS).cast("binary")
     if isinstance(value, str):
@@ -100,7 +143,7 @@ def project(df: DataFrame, outboxes: Sequence[Outbox], default_key: str | None) 
         _require(df, key, "key")
         # utf-8 bytes made in the JVM: the task hands them to the client as they are
         exprs.append(df[key].cast("string").cast("binary").alias(f"__eo_k{i}"))
-        exprs.append(_value_expr(df, ob.value).alias(f"__eo_v{i}"))
+        exprs.append(_value_expr(df, ob).alias(f"__eo_v{i}"))
         if ob.when is not None:
             _require(df, ob.when, "when")
             exprs.append(F.coalesce(df[ob.when].cast("boolean"), F.lit(False)).alias(f"__eo_w{i}"))

@@ -56,8 +56,9 @@ def build_session(
     kafka_jars: bool = False,
     conf: Mapping[str, Any] | None = None,
 ) -> SparkSession:
-    """``getOrCreate`` a session. ``kafka_jars`` adds spark-sql-kafka (resolved with Maven) for
-    reading Kafka topics or Spark's own Kafka sink; the publisher itself needs no jar."""
+    """``getOrCreate`` a session. ``kafka_jars`` adds spark-sql-kafka and spark-avro (resolved with Maven)
+    for reading Kafka topics, Spark's own Kafka sink, and ``Outbox(format="avro")`` (whose ``to_avro`` is
+    spark-avro's); the publisher itself needs no jar for JSON values."""
     # Under spark-submit the JVM already runs (PYSPARK_GATEWAY_PORT); otherwise this process
     # launches it now and the JVM, and the Python workers it forks, inherit our environment.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
