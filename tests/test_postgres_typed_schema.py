@@ -176,6 +176,7 @@ def _compatibility_none(url: str, subject: str) -> None:
 @pytest.mark.parametrize("change, field", [
     ("type", "amount"),  # amount: decimal -> string, which its numeric column cannot take
     ("required", "region"),  # a new field neither nullable nor with a default
+    ("removed", "amount"),  # a field dropped whose column is NOT NULL without a default
 ])
 def test_an_incompatible_avro_change_fails_the_task_naming_subject_versions_and_field(
         registry: RegistryServer, stack, make_topic, unique, pg, tmp_path, change: str, field: str) -> None:
@@ -190,9 +191,12 @@ def test_an_incompatible_avro_change_fails_the_task_naming_subject_versions_and_
     if change == "type":
         schema = {**ORDER_V1, "fields": [ORDER_V1["fields"][0], {"name": "amount", "type": "string"}]}
         second = avro(registry.url, topic, schema)({"id": 2, "amount": "a lot"})
-    else:
+    elif change == "required":
         schema = {**ORDER_V1, "fields": [*ORDER_V1["fields"], {"name": "region", "type": "string"}]}
         second = avro(registry.url, topic, schema)({"id": 2, "amount": decimal.Decimal("2.50"), "region": "eu"})
+    else:
+        schema = {**ORDER_V1, "fields": ORDER_V1["fields"][:1]}
+        second = avro(registry.url, topic, schema)({"id": 2})
     ids = [int.from_bytes(v[1:5], "big") for v in (first, second)]
     produce(stack.kafka_bootstrap, topic, [(0, first)])
     w = start_worker(stack, unique, "w1", tmp_path)

@@ -25,7 +25,7 @@ from eosink.connectors.api.config import ConfigDef
 from eosink.connectors.api.records import SinkRecord
 
 #: The field names of SinkRecord the helpers below copy, in constructor order.
-RECORD_FIELDS = ("topic", "partition", "offset", "key", "value", "raw_value", "headers", "timestamp_ms")
+RECORD_FIELDS = ("topic", "partition", "offset", "key", "value", "raw_value", "headers", "timestamp_ms", "value_schema")
 
 Header = tuple[str, bytes | None]
 
