@@ -215,3 +215,32 @@ def test_an_incompatible_avro_change_fails_the_task_naming_subject_versions_and_
         assert words in trace, (words, trace)
     assert pg_ids(pg, unique) == [1], "nothing of the incompatible version is written"
     assert not prepared(pg, unique.replace("_", "-"))
+
+
+def test_json_schema_date_time_uuid_and_required_fields_create_timestamptz_uuid_and_not_null_columns(
+        registry: RegistryServer, stack, make_topic, unique, pg, tmp_path) -> None:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from tests.procs import WorkerProcess, register, wait_until
+    from tests.restkit import pg_ids, produce
+
+    topic = make_topic(1)
+    schema = {"type": "object", "required": ["id", "at"], "properties": {
+        "id": {"type": "integer"}, "at": {"type": "string", "format": "date-time"},
+        "ref": {"type": ["string", "null"], "format": "uuid"}, "score": {"type": "number"}, "doc": {"type": "object"}}}
+    js = JSONSerializer(json.dumps(schema), SchemaRegistryClient({"url": registry.url, "timeout": 30}))
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    produce(stack.kafka_bootstrap, topic, [(0, js({"id": i, "at": AT_MICROS.isoformat(), "ref": str(ID), "score": 0.25,
+                                                   "doc": {"k": [i]}}, ctx)) for i in range(20)])
+    register(stack.zookeeper_hosts, unique, unique.replace("_", "-"), connector("jsonschema", registry.url, topic, unique))
+    w = WorkerProcess(stack, unique, "w1", tmp_path)
+    try:
+        wait_until(lambda: len(pg_ids(pg, unique)) >= 20, 90, "20 rows")
+    finally:
+        assert w.stop() == 0, w.log_text()[-3000:]
+    assert sorted(pg_ids(pg, unique)) == list(range(20))
+    assert columns(pg, unique)[:5] == [("id", "bigint", False), ("at", "timestamp with time zone", False),
+                                       ("ref", "uuid", True), ("score", "double precision", True), ("doc", "jsonb", True)]
+    assert pg.execute(f'SELECT at, ref, score, doc FROM "{unique}" WHERE id = 3').fetchone() == (AT_MICROS, ID, 0.25, {"k": [3]})
