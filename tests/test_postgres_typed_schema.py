@@ -92,25 +92,32 @@ def columns(pg, table: str) -> list[tuple[str, str, bool]]:
         "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (f'"{table}"',))]
 
 
+def deliver_all(stack, registry: RegistryServer, unique: str, topic: str, fmt: str, count: int, pg, tmp_path) -> None:
+    """One worker delivers the topic's ``count`` records into table ``unique``; each id must be there once."""
+    from tests.procs import WorkerProcess, register, wait_until
+    from tests.restkit import pg_ids
+
+    register(stack.zookeeper_hosts, unique, unique.replace("_", "-"), connector(fmt, registry.url, topic, unique))
+    w = WorkerProcess(stack, unique, "w1", tmp_path)
+    try:
+        wait_until(lambda: len(pg_ids(pg, unique)) >= count, 90, f"{count} rows")
+    finally:
+        assert w.stop() == 0, w.log_text()[-3000:]
+    assert sorted(pg_ids(pg, unique)) == list(range(count)), "not every record exactly once"
+
+
 def prepared(pg, connector_name: str) -> list[str]:
     return [r[0] for r in pg.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s", (f"eosink:{connector_name}.%",))]
 
 
 def test_avro_decimal_timestamp_bytes_and_every_field_type_create_typed_columns_and_land_exactly(
         registry: RegistryServer, stack, make_topic, unique, pg, tmp_path) -> None:
-    from tests.procs import WorkerProcess, register, wait_until
-    from tests.restkit import pg_ids, produce
+    from tests.restkit import produce
 
     topic = make_topic(2)
     encode = avro(registry.url, topic, ALL_TYPES)
     produce(stack.kafka_bootstrap, topic, [(i % 2, encode(everything(i))) for i in range(50)])
-    register(stack.zookeeper_hosts, unique, unique.replace("_", "-"), connector("avro", registry.url, topic, unique))
-    w = WorkerProcess(stack, unique, "w1", tmp_path)
-    try:
-        wait_until(lambda: len(pg_ids(pg, unique)) >= 50, 90, "50 rows")
-    finally:
-        assert w.stop() == 0, w.log_text()[-3000:]
-    assert sorted(pg_ids(pg, unique)) == list(range(50)), "not every record exactly once"
+    deliver_all(stack, registry, unique, topic, "avro", 50, pg, tmp_path)
     assert columns(pg, unique) == ALL_COLUMNS
     names = ", ".join(f'"{c}"' for c, _, _ in ALL_COLUMNS[:20])
     row = pg.execute(f'SELECT {names} FROM "{unique}" WHERE id = 8').fetchone()
@@ -223,8 +230,7 @@ def test_json_schema_date_time_uuid_and_required_fields_create_timestamptz_uuid_
     from confluent_kafka.schema_registry.json_schema import JSONSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    from tests.procs import WorkerProcess, register, wait_until
-    from tests.restkit import pg_ids, produce
+    from tests.restkit import produce
 
     topic = make_topic(1)
     schema = {"type": "object", "required": ["id", "at"], "properties": {
@@ -234,13 +240,7 @@ def test_json_schema_date_time_uuid_and_required_fields_create_timestamptz_uuid_
     ctx = SerializationContext(topic, MessageField.VALUE)
     produce(stack.kafka_bootstrap, topic, [(0, js({"id": i, "at": AT_MICROS.isoformat(), "ref": str(ID), "score": 0.25,
                                                    "doc": {"k": [i]}}, ctx)) for i in range(20)])
-    register(stack.zookeeper_hosts, unique, unique.replace("_", "-"), connector("jsonschema", registry.url, topic, unique))
-    w = WorkerProcess(stack, unique, "w1", tmp_path)
-    try:
-        wait_until(lambda: len(pg_ids(pg, unique)) >= 20, 90, "20 rows")
-    finally:
-        assert w.stop() == 0, w.log_text()[-3000:]
-    assert sorted(pg_ids(pg, unique)) == list(range(20))
+    deliver_all(stack, registry, unique, topic, "jsonschema", 20, pg, tmp_path)
     assert columns(pg, unique)[:5] == [("id", "bigint", False), ("at", "timestamp with time zone", False),
                                        ("ref", "uuid", True), ("score", "double precision", True), ("doc", "jsonb", True)]
     assert pg.execute(f'SELECT at, ref, score, doc FROM "{unique}" WHERE id = 3').fetchone() == (AT_MICROS, ID, 0.25, {"k": [3]})
