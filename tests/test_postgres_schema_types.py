@@ -41,8 +41,7 @@ def test_json_schema_formats_and_required_fields_map_to_typed_and_not_null_colum
                                                   "score": "double precision", "doc": "jsonb"}
 
 
-def test_protobuf_and_non_record_schemas_are_left_to_the_json_inference() -> None:
-    assert pgt.columns_of(WriterSchema(1, "protobuf", 'syntax = "proto3"; message M { int64 id = 1; }')) is None
+def test_non_record_schemas_are_left_to_the_json_inference() -> None:
     assert pgt.columns_of(writer({"type": "array", "items": "long"})) is None
 
 
@@ -71,3 +70,21 @@ def test_compare_adds_optional_fields_and_names_every_change_the_table_cannot_ta
     assert "decimal(12,2)" in found.conflicts[0][1] and "numeric(10,2)" in found.conflicts[0][1]
     wide = _table(pgs.Column("amount", "numeric", pgs.NUMERIC, False, "numeric(14,3)"))
     assert not pgt.compare(wide, {"amount": cols["amount"]}, []).conflicts
+
+
+def test_protobuf_fields_of_the_only_top_level_message_map_to_columns_and_messages_may_be_null() -> None:
+    from google.protobuf import descriptor_pb2
+
+    fdp = descriptor_pb2.FileDescriptorProto(name="o.proto", package="shop", syntax="proto3")
+    msg = fdp.message_type.add(name="Order")
+    for number, (name, kind, label) in enumerate([("id", 3, 1), ("big", 4, 1), ("note", 11, 1), ("tags", 9, 3),
+                                                  ("state", 14, 1)], 1):
+        msg.field.add(name=name, number=number, type=kind, label=label)
+    one = WriterSchema(3, "protobuf", "", parsed=fdp)
+    cols = pgt.columns_of(one)
+    assert cols is not None
+    assert {n: c.ddl for n, c in cols.items()} == {"id": "bigint NOT NULL", "big": "numeric(20,0) NOT NULL",
+                                                  "note": "jsonb", "tags": "jsonb NOT NULL", "state": "text NOT NULL"}
+    assert all(c.defaulted for c in cols.values()), "a new proto3 field has a default: its column may be added"
+    fdp.message_type.add(name="Other")
+    assert pgt.columns_of(WriterSchema(4, "protobuf", "", parsed=fdp)) is None, "which message a record holds is its own"

@@ -245,3 +245,18 @@ def test_json_schema_date_time_uuid_and_required_fields_create_timestamptz_uuid_
     assert columns(pg, unique)[:5] == [("id", "bigint", False), ("at", "timestamp with time zone", False),
                                        ("ref", "uuid", True), ("score", "double precision", True), ("doc", "jsonb", True)]
     assert pg.execute(f'SELECT at, ref, score, doc FROM "{unique}" WHERE id = 3').fetchone() == (AT_MICROS, ID, 0.25, {"k": [3]})
+
+
+def test_protobuf_scalar_fields_create_typed_not_null_columns(registry: RegistryServer, stack, make_topic, unique, pg,
+                                                              tmp_path) -> None:
+    from tests.restkit import produce
+    from tests.test_schema_registry import serializer
+
+    topic = make_topic(1)
+    encode = serializer("protobuf", registry.url, topic)  # shop.Order: int64 id, string name, double amount, bytes blob
+    produce(stack.kafka_bootstrap, topic, [(0, encode(i)) for i in range(20)])
+    deliver_all(stack, registry, unique, topic, "protobuf", 20, pg, tmp_path)
+    assert columns(pg, unique)[:4] == [("id", "bigint", False), ("name", "text", False),
+                                       ("amount", "double precision", False), ("blob", "bytea", False)]
+    assert pg.execute(f'SELECT id, name, amount, blob FROM "{unique}" WHERE id = 7').fetchone() == (7, "n7", 7.5,
+                                                                                                bytes([7, 0, 255]))

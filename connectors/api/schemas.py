@@ -43,6 +43,8 @@ class WriterSchema:
     versions_of: Versions = field(default=_none, repr=False)
     version_id: VersionId = field(default=_unknown, repr=False)
     _document: Any = field(default=None, repr=False)
+    #: Protobuf: the schema's ``FileDescriptorProto``, as the converter built it from :attr:`text`.
+    parsed: Any = field(default=None, repr=False)
     _versions: list[tuple[str, int]] | None = field(default=None, repr=False)
 
     @property

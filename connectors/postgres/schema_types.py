@@ -7,7 +7,10 @@ become a ``text`` column. The writer's schema says what the field is, so ``auto.
 them (PostgreSQL parses each text into its type). :func:`compare` tells what a new schema version
 needs of an existing table: columns to add, and the changes no ALTER can make safely.
 
-Protobuf schemas are not typed here (their values take the JSON inference): only Avro and JSON Schema.
+Protobuf: the fields of a schema's only top-level message (a schema of several keeps the JSON inference,
+as the message a record holds is then told by its own indexes). Every proto3 field has a value in the
+decoded record (its default when unset) and so a NOT NULL column, but a message field, which is null when
+unset; every field counts as defaulted, so a new one is added to an existing table.
 """
 
 from __future__ import annotations
@@ -91,7 +94,27 @@ def columns_of(schema: WriterSchema) -> Columns | None:
         required = set(doc.get("required") or ())
         return {name: _json_field(name, sub if isinstance(sub, dict) else {}, name in required)
                 for name, sub in doc["properties"].items()}
+    if schema.format == "protobuf" and schema.parsed is not None and len(schema.parsed.message_type) == 1:
+        return {f.name: _proto_field(f) for f in schema.parsed.message_type[0].field}
     return None
+
+
+#: FieldDescriptorProto.Type -> column: unsigned 64-bit integers need numeric(20,0), unsigned 32-bit a bigint.
+_PROTO_TYPES: dict[int, tuple[str, str, str]] = {
+    1: ("double precision", "float8", "double"), 2: ("real", "float4", "float"), 3: ("bigint", "int8", "int64"),
+    4: ("numeric(20,0)", "numeric", "uint64"), 5: ("integer", "int4", "int32"), 6: ("numeric(20,0)", "numeric", "fixed64"),
+    7: ("bigint", "int8", "fixed32"), 8: ("boolean", "bool", "bool"), 9: ("text", "text", "string"),
+    11: ("jsonb", "jsonb", "message"), 12: ("bytea", "bytea", "bytes"), 13: ("bigint", "int8", "uint32"),
+    14: ("text", "text", "enum"), 15: ("integer", "int4", "sfixed32"), 16: ("bigint", "int8", "sfixed64"),
+    17: ("integer", "int4", "sint32"), 18: ("bigint", "int8", "sint64"),
+}
+
+
+def _proto_field(f: Any) -> FieldColumn:
+    if f.label == 3:  # repeated, maps too: a list or an object
+        return FieldColumn(f.name, "jsonb", "jsonb", False, True, "repeated")
+    sqltype, typname, source = _PROTO_TYPES.get(f.type, ("jsonb", "jsonb", f"type {f.type}"))
+    return FieldColumn(f.name, sqltype, typname, f.type == 11, f.label != 2, source)
 
 
 def _avro_names(t: Any, namespace: str | None, named: dict[str, Any]) -> None:

@@ -133,7 +133,8 @@ class RegistryDecoder:
             if self.format == "avro":
                 return _avro(schema), writer
             if self.format == "protobuf":
-                return _protobuf(schema, self.client), writer
+                decode, writer.parsed = _protobuf(schema, self.client)
+                return decode, writer
             return _json_schema(schema), writer
         except Exception as exc:  # noqa: BLE001 - whatever the parser refuses
             raise ValueError(f"schema id {schema_id} cannot be used: {type(exc).__name__}: {exc}") from None
@@ -191,7 +192,8 @@ def jsonable(value: Any) -> Any:
     return str(value)  # uuid.UUID
 
 
-def _protobuf(schema: Any, client: Any) -> Decode:
+def _protobuf(schema: Any, client: Any) -> tuple[Decode, Any]:
+    """The decode function, and the schema's ``FileDescriptorProto`` (what a sink types columns from)."""
     from confluent_kafka.schema_registry._sync.protobuf import _resolve_named_schema
     from confluent_kafka.schema_registry.common.protobuf import _init_pool, _str_to_proto
     from google.protobuf.descriptor_pool import DescriptorPool
@@ -232,7 +234,7 @@ def _protobuf(schema: Any, client: Any) -> Decode:
         msg.ParseFromString(raw[pos:])
         return jsonable(_message_dict(msg))
 
-    return decode
+    return decode, fd_proto
 
 
 def _message_dict(msg: Any) -> dict[str, Any]:
