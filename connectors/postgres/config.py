@@ -119,7 +119,7 @@ CONFIG = (
             Importance.LOW, refused("no JDBC sink has this key (the Confluent one has only fields.whitelist): "
                                     "use field.exclude.list"))
     .define("auto.create", Type.BOOLEAN, True, "Create a missing table (with PRIMARY KEY pk.fields): columns typed from the "
-            "writer's schema with an Avro or JSON Schema value.converter (docs/connectors/schema-registry.md), else from the "
+            "writer's schema with an Avro, Protobuf or JSON Schema value.converter (docs/connectors/schema-registry.md), else from the "
             "batch's JSON types.")
     .define("auto.evolve", Type.BOOLEAN, True, "Add a column (ALTER TABLE ... ADD COLUMN, nullable) for a new optional field "
             "of a new schema version, or for a new non-null JSON field; a schema version the table cannot take fails the task.")
