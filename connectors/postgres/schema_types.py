@@ -1,4 +1,4 @@
-"""PostgreSQL columns from a record's registered schema (Avro, JSON Schema), as Confluent's JDBC sink makes them.
+"""PostgreSQL columns from a record's registered schema (Avro, Protobuf, JSON Schema), as Confluent's JDBC sink makes them.
 
 Values read with a Schema Registry converter reach the sink as JSON-like values (a decimal as its
 text, a timestamp as ISO 8601 text, bytes as ``\\x`` hex): typed from those values, a decimal would
