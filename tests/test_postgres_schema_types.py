@@ -59,7 +59,7 @@ def test_compare_adds_optional_fields_and_names_every_change_the_table_cannot_ta
     cols = pgt.columns_of(writer(doc))
     assert cols is not None
     table = _table(pgs.Column("id", "int8", pgs.INT8, True, "bigint"),  # wider: fine
-                   pgs.Column("amount", "numeric", pgs.NUMERIC, False, "numeric(10,2)"),  # 10 digits < 12: cut
+                   pgs.Column("amount", "numeric", pgs.NUMERIC, False, "numeric(12,1)"),  # 1 decimal < 2: rounds
                    pgs.Column("flag", "bool", pgs.BOOL, False, "boolean"),
                    pgs.Column("gone", "text", pgs.TEXT, True, "text"),
                    pgs.Column("__offset", "int8", pgs.INT8, True, "bigint"),
@@ -67,9 +67,10 @@ def test_compare_adds_optional_fields_and_names_every_change_the_table_cannot_ta
     found = pgt.compare(table, cols, ["__offset"])
     assert [fc.name for fc in found.add] == ["note"]
     assert [name for name, _ in found.conflicts] == ["amount", "region", "flag", "gone"]
-    assert "decimal(12,2)" in found.conflicts[0][1] and "numeric(10,2)" in found.conflicts[0][1]
-    wide = _table(pgs.Column("amount", "numeric", pgs.NUMERIC, False, "numeric(14,3)"))
-    assert not pgt.compare(wide, {"amount": cols["amount"]}, []).conflicts
+    assert "decimal(12,2)" in found.conflicts[0][1] and "numeric(12,1)" in found.conflicts[0][1]
+    for fits in ("numeric(14,3)", "numeric(8,2)", "numeric"):  # fewer integer digits overflow loudly, never round
+        table = _table(pgs.Column("amount", "numeric", pgs.NUMERIC, False, fits))
+        assert not pgt.compare(table, {"amount": cols["amount"]}, []).conflicts, fits
 
 
 def test_protobuf_fields_of_the_only_top_level_message_map_to_columns_and_messages_may_be_null() -> None:

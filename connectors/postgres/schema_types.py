@@ -40,9 +40,12 @@ _JSON_TYPES: dict[str, tuple[str, str]] = {
 }
 _JSON_FORMATS: dict[str, tuple[str, str]] = {"date-time": ("timestamptz", "timestamptz"), "date": ("date", "date"),
                                              "uuid": ("uuid", "uuid")}
-#: The column types (pg_type names, domains resolved) that take a field's values without loss.
+#: The column types (pg_type names, domains resolved) that take a field's values without a silent loss. A
+#: narrower integer column is one (a value out of its range is refused by the server, naming the record, as
+#: before typed tables), a float4 column for a double, a date column for a timestamp are not (they round).
 ACCEPTS: dict[str, frozenset[str]] = {
-    "int4": frozenset({"int4", "int8", "numeric", "float8"}), "int8": frozenset({"int8", "numeric"}),
+    "int4": frozenset({"int2", "int4", "int8", "numeric", "float8"}),
+    "int8": frozenset({"int2", "int4", "int8", "numeric"}),
     "float4": frozenset({"float4", "float8", "numeric"}), "float8": frozenset({"float8", "numeric"}),
     "bool": frozenset({"bool"}), "text": frozenset({"text", "varchar", "bpchar"}),
     "bytea": frozenset({"bytea", "text"}), "numeric": frozenset({"numeric", "text"}),
@@ -231,7 +234,6 @@ def _takes(typname: str, sqltype: str, fc: FieldColumn) -> bool:
         return False
     if typname == "numeric" and fc.typname == "numeric":
         want, have = _NUMERIC.fullmatch(fc.sqltype), _NUMERIC.fullmatch(sqltype.replace(" ", ""))
-        if want and have:  # no rounding: as many digits after the point, and before it
-            (p, s), (cp, cs) = map(int, want.groups()), map(int, have.groups())
-            return cs >= s and cp - cs >= p - s
+        if want and have:  # no rounding: as many digits after the point (too few before it overflows, loudly)
+            return int(have.group(2)) >= int(want.group(2))
     return True
