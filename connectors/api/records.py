@@ -12,6 +12,7 @@ from confluent_kafka import Message
 
 from eosink.connectors.api import formats
 from eosink.connectors.api.errors import RecordError
+from eosink.connectors.api.schemas import WriterSchema
 from eosink.connectors.common import jsoncodec
 
 #: Header set by ``spark_jobs`` on every outbox record: ``job/run/partition/sequence``.
@@ -49,6 +50,9 @@ class SinkRecord:
     raw_value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
     timestamp_ms: int = 0
+    #: The writer's schema of a value read with a Schema Registry converter (one shared object per
+    #: schema id), else None: what a sink creating or evolving a table types its columns from.
+    value_schema: WriterSchema | None = None
 
     @property
     def tp(self) -> TopicPartition:

@@ -118,8 +118,11 @@ CONFIG = (
     .define("fields.blacklist", Type.LIST, None, "Refused: no JDBC sink has this key; use field.exclude.list.",
             Importance.LOW, refused("no JDBC sink has this key (the Confluent one has only fields.whitelist): "
                                     "use field.exclude.list"))
-    .define("auto.create", Type.BOOLEAN, True, "Create a missing table from the batch's JSON types (with PRIMARY KEY pk.fields).")
-    .define("auto.evolve", Type.BOOLEAN, True, "Add a column for a new non-null field (ALTER TABLE ... ADD COLUMN, nullable).")
+    .define("auto.create", Type.BOOLEAN, True, "Create a missing table (with PRIMARY KEY pk.fields): columns typed from the "
+            "writer's schema with an Avro, Protobuf or JSON Schema value.converter (docs/connectors/schema-registry.md), else from the "
+            "batch's JSON types.")
+    .define("auto.evolve", Type.BOOLEAN, True, "Add a column (ALTER TABLE ... ADD COLUMN, nullable) for a new optional field "
+            "of a new schema version, or for a new non-null JSON field; a schema version the table cannot take fails the task.")
     .define("fields.kafka", Type.BOOLEAN, True, "Add columns __topic text, __partition int, __offset bigint to every row "
             "so it can be traced to (and deduplicated by) its outbox record. Defaults to false with pk.mode=kafka.")
     .define("db.timezone", Type.STRING, None, "Session TimeZone of the sink's connections: how a timestamp text without "

@@ -69,6 +69,7 @@ class Column:
     kind: str
     notnull: bool = False
     sqltype: str = ""  # as PostgreSQL prints it, for messages: double precision, varchar(3)
+    has_default: bool = False  # a row that leaves it out gets a value (DEFAULT, identity)
 
     @property
     def copy_type(self) -> str:
@@ -191,7 +192,7 @@ def bootstrap(conn: psycopg.Connection[Any]) -> None:
 # -- introspection ----------------------------------------------------------------------------
 _COLUMNS_SQL = """
 SELECT a.attname, COALESCE(bt.typname, t.typname), a.attnotnull, a.attgenerated <> '' OR a.attidentity = 'a',
-       format_type(a.atttypid, a.atttypmod)
+       format_type(a.atttypid, a.atttypmod), a.atthasdef OR a.attidentity <> ''
 FROM pg_attribute a
 JOIN pg_type t ON t.oid = a.atttypid
 LEFT JOIN pg_type bt ON t.typtype = 'd' AND bt.oid = t.typbasetype
@@ -222,8 +223,8 @@ def _relation_oid(conn: psycopg.Connection[Any], schema: str | None, name: str) 
 
 def _columns(conn: psycopg.Connection[Any], oid: int) -> dict[str, Column]:
     return {
-        name: Column(name, typname, kind_of(typname, bool(generated)), bool(notnull), sqltype)
-        for name, typname, notnull, generated, sqltype in conn.execute(_COLUMNS_SQL, (oid,)).fetchall()
+        name: Column(name, typname, kind_of(typname, bool(generated)), bool(notnull), sqltype, bool(has_default))
+        for name, typname, notnull, generated, sqltype, has_default in conn.execute(_COLUMNS_SQL, (oid,)).fetchall()
     }
 
 

@@ -42,8 +42,10 @@ on them if you want the database to refuse a duplicate outright (it costs COPY s
 
 **Records.** Values must be JSON objects; each field goes into the column of the same name
 (quoted, case kept). ``auto.create``/``auto.evolve`` create tables and add columns from the
-JSON types (bool->boolean, int->bigint, float->double precision, str->text, object/array->jsonb;
-a field null in every record of the batch is not created). A field missing from a record gets the
+writer's schema of records read with an Avro, Protobuf or JSON Schema converter
+(:mod:`eosink.connectors.postgres.schema_types`: a decimal a numeric, a timestamp a timestamptz, a
+non-nullable field NOT NULL), else from the JSON types (bool->boolean, int->bigint, float->double
+precision, str->text, object/array->jsonb; a field null in every record of the batch is not created). A field missing from a record gets the
 column's DEFAULT on insert and keeps the old value on upsert and update. ``table.name.format``
 replaces ``${topic}`` with the topic name with ``.`` and ``-`` turned into ``_``; a ``.`` in the
 result separates a schema.

@@ -114,6 +114,8 @@ class StreamingCopy(PostgresConnections, BatchingSink):
             st = self._open_stream(key, shape, recs[0])
         elif key != st.key:
             raise _NotStreamed("records for another table")
+        if self._tables.unverified(key, recs):  # a new schema version mid-cycle: its DDL runs before the prepare
+            raise _NotStreamed("a writer's schema not yet checked against the table")
         done = pgc.copy_rows(st.write_row, st.shape, recs, values, self.config["auto.evolve"])
         st.values += values
         if done != len(recs):

@@ -4,13 +4,16 @@
 JSON object minus the fields a field filter drops, plus the Kafka key's fields with
 ``pk.mode=record_key`` or the Kafka coordinates with ``pk.mode=kafka``; a tombstone under
 ``delete.enabled`` becomes its key's fields alone), and runs auto.create /
-auto.evolve before the two-phase transaction begins. Table metadata is cached per sink
+auto.evolve before the two-phase transaction begins: from the writer's schema for records read with a
+Schema Registry converter (:mod:`eosink.connectors.postgres.schema_types`), else from the JSON values.
+Table metadata is cached per sink
 instance; the sink asks for a re-read (:meth:`TableCache.changed`, :meth:`TableCache.clear`)
 when PostgreSQL refuses something the cache said would fit.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -19,12 +22,14 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from eosink.connectors.api.errors import ConfigError, RetryableError
+from eosink.connectors.api.errors import ConfigError, FatalError, RetryableError
 from eosink.connectors.api.records import SinkRecord
 from eosink.connectors.api.rows import row_of
+from eosink.connectors.api.schemas import WriterSchema
 from eosink.connectors.postgres import copy as pgc
 from eosink.connectors.postgres import rejects as pgr
 from eosink.connectors.postgres import schema as pgs
+from eosink.connectors.postgres import schema_types as pgt
 from eosink.connectors.postgres.config import Settings
 
 log = logging.getLogger("eosink.connectors.postgres.sink")
@@ -63,12 +68,18 @@ class TableCache:
         self._run = run
         self._tables: dict[TableKey, pgs.Table] = {}
         self._names: dict[str, TableKey] = {}
+        #: Columns per (writer's schema, topic): one object per schema id, so derived once.
+        self._typed: dict[tuple[WriterSchema, str], pgt.Columns | None] = {}
+        #: The writer's schemas checked against each table (as last read) since, and the last one.
+        self._verified: dict[TableKey, set[WriterSchema]] = {}
+        self._last_schema: dict[TableKey, WriterSchema] = {}
 
     def __getitem__(self, key: TableKey) -> pgs.Table:
         return self._tables[key]
 
     def clear(self) -> None:
         self._tables.clear()
+        self._verified.clear()
 
     def cached(self, key: TableKey) -> pgs.Table | None:
         """The table as last read, None if it has not been (or was cleared since)."""
@@ -187,6 +198,8 @@ class TableCache:
             if table is None:
                 table = self._create(key, recs, values)
             self._tables[key] = self._checked(table, recs)
+        if recs and (recs[0].value_schema is not None or recs[-1].value_schema is not None):
+            self._evolve_typed(key, recs)
         table = self._tables[key]
         first = values[0] if values else None
         if isinstance(first, dict) and any(v is not None and k not in table.columns for k, v in first.items()):
@@ -220,6 +233,7 @@ class TableCache:
             if cached is None or fresh.columns != cached.columns or fresh.unique_sets != cached.unique_sets:
                 log.info("table %s changed since it was read: using its new definition", fresh.display)
                 self._tables[key] = fresh
+                self._verified.pop(key, None)
                 changed = True
         return changed
 
@@ -238,16 +252,25 @@ class TableCache:
         pk = self.pk(recs) if self.pk_mode != "none" else []
         if pk:
             pgc.latest_per_key(recs, values, pk)  # names the first record lacking a key field
-        inferred = pgs.infer_types(values, pgs.KAFKA_COLUMN_NAMES if self.kafka else ())
+        typed = self.typed(recs)[:1]  # the first schema's columns; _evolve_typed adds the batch's later ones
+        fields = {fc.name: fc.ddl for fc in typed[0][1].values()} if typed else {}
+        self._check_schema_names(fields, typed)
+        inferred = pgs.infer_types(values, [*fields, *(pgs.KAFKA_COLUMN_NAMES if self.kafka else ())])
         self._check_names(inferred, recs, values)
-        columns = list(inferred.items()) + (list(pgs.KAFKA_COLUMNS) if self.kafka else [])
+        columns = list(fields.items()) + list(inferred.items()) + (list(pgs.KAFKA_COLUMNS) if self.kafka else [])
         table = pgs.Table(key[0], key[1])
         self._run(lambda c: pgs.create_table(c, table, columns, pk), "creating the table")
-        log.info("created table %s with columns %s", display(key), ", ".join(f"{c} {t}" for c, t in columns))
+        log.info("created table %s with columns %s%s", display(key), ", ".join(f"{c} {t}" for c, t in columns),
+                 f" (from {typed[0][0].describe()})" if typed else "")
+        if typed:
+            self._verified[key], self._last_schema[key] = {typed[0][0]}, typed[0][0]
         return self._reload(key)
 
     def evolve(self, key: TableKey, recs: list[SinkRecord], values: list[Any]) -> None:
-        """Add a column for every non-null field the table lacks (or name the record, if off)."""
+        """Add a column for every non-null field the table lacks (or name the record, if off): typed from the
+        records' schemas first, then from the values for what no schema names (e.g. the key's fields)."""
+        if recs and (recs[0].value_schema is not None or recs[-1].value_schema is not None):
+            self._evolve_typed(key, recs)
         table = self._tables[key]
         new = pgs.infer_types(values, table.columns)
         if not new:
@@ -270,3 +293,77 @@ class TableCache:
             if why:
                 rec = next(r for r, v in zip(recs, values) if isinstance(v, dict) and name in v)
                 raise pgr.record_error(rec, why, name)
+
+    # -- typed from the writer's schema ---------------------------------------------------------
+    def typed(self, recs: Sequence[SinkRecord]) -> list[tuple[WriterSchema, pgt.Columns]]:
+        """The distinct writer's schemas of ``recs`` that give column types, in the order first met, with
+        their columns (less the fields a field filter drops). One C pass over the batch; empty for JSON."""
+        if not recs or (recs[0].value_schema is None and recs[-1].value_schema is None):
+            return []
+        topic = recs[0].topic
+        out = []
+        for schema in dict.fromkeys(map(attrgetter("value_schema"), recs)):
+            if schema is None:
+                continue
+            cols = self._typed.get((schema, topic), {})
+            if cols == {}:
+                cols = self._typed[(schema, topic)] = self._kept_columns(topic, pgt.columns_of(schema))
+            if cols is not None:
+                out.append((schema, cols))
+        return out
+
+    def _kept_columns(self, topic: str, cols: pgt.Columns | None) -> pgt.Columns | None:
+        if cols is None or self.filter is None:
+            return cols
+        kept = self._filtered(topic, dict.fromkeys(cols))
+        return {name: fc for name, fc in cols.items() if name in kept}
+
+    def unverified(self, key: TableKey, recs: Sequence[SinkRecord]) -> bool:
+        """Whether ``recs`` hold a writer's schema not yet checked against the table (see :meth:`ensure`)."""
+        done = self._verified.get(key, ())
+        return self.auto_evolve and any(schema not in done for schema, _ in self.typed(recs))
+
+    def _evolve_typed(self, key: TableKey, recs: Sequence[SinkRecord]) -> None:
+        """auto.evolve from schema versions: each schema of the batch not checked yet is compared with the
+        table; optional new fields get their columns (DDL in its own transaction under the advisory lock,
+        ``ADD COLUMN IF NOT EXISTS``: workers adding the same column add it once); a change the table
+        cannot take stops the task (:meth:`_incompatible`), before any row of it is written."""
+        if not self.auto_evolve:
+            return
+        done = self._verified.setdefault(key, set())
+        exempt = [*(pgs.KAFKA_COLUMN_NAMES if self.kafka else ()), *(self.pk(recs) if self.pk_mode in ("record_key", "kafka") else ())]
+        for schema, cols in self.typed(recs):
+            if schema in done:
+                continue
+            table = self._tables[key]
+            found = pgt.compare(table, cols, exempt)
+            if found.add and not found.conflicts:
+                adds = [(fc.name, fc.sqltype) for fc in found.add]
+                self._check_schema_names(dict(adds), [(schema, cols)])
+                self._run(functools.partial(pgs.add_columns, table=table, columns=adds), "altering the table")
+                log.info("added columns to %s for %s: %s", table.display, schema.describe(),
+                         ", ".join(f"{c} {t}" for c, t in adds))
+                table = self._tables[key] = self._reload(key)
+                found = pgt.compare(table, cols, exempt)  # as the table is now, whoever added the columns
+            if found.conflicts:
+                raise self._incompatible(key, recs[0].topic, schema, found.conflicts)
+            done.add(schema)
+            self._last_schema[key] = schema
+
+    def _incompatible(self, key: TableKey, topic: str, schema: WriterSchema, conflicts: list[tuple[str, str]]) -> FatalError:
+        """The task stops: rows of this schema would fail, be cut or lose a NOT NULL column's value."""
+        subject = f"{topic}-value"
+        before = self._last_schema.get(key)
+        old = before.describe(subject) if before is not None and before is not schema else schema.previous(subject)
+        since = f" (the table matched {old})" if old else ""
+        return FatalError(
+            f"{schema.describe(subject)} of topic {topic} is incompatible with table {display(key)}{since}: "
+            + "; ".join(why for _, why in conflicts)
+            + ". Alter the table by hand, or register a compatible version; the task resumes from the same record "
+            "once restarted", component=pgr.COMPONENT)
+
+    def _check_schema_names(self, columns: Mapping[str, str], typed: Sequence[tuple[WriterSchema, Any]]) -> None:
+        for name in columns:
+            why = pgs.check_identifier(name, "field")
+            if why:
+                raise ConfigError(f"{why} (in {typed[0][0].describe()})", key="table.name.format", source=self.source)

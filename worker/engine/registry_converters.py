@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from eosink.connectors.api.errors import FatalError, RetryableError
+from eosink.connectors.api.schemas import WriterSchema
 from eosink.connectors.common import jsoncodec
 
 AVRO = "io.confluent.connect.avro.AvroConverter"
@@ -76,18 +77,24 @@ class RegistryDecoder:
         except ValueError as exc:  # e.g. credentials both in the URL and in basic.auth.user.info, or no ':' in them
             raise FatalError(f"the schema registry settings of the {fmt} converter are not usable: {exc}",
                              component="config") from None
-        self._by_id: dict[int, Decode] = {}
+        self._by_id: dict[int, tuple[Decode, WriterSchema]] = {}
+        #: The writer's schema of the last value decoded (None after a tombstone): the source hands it on
+        #: with the record (:attr:`~eosink.connectors.api.records.SinkRecord.value_schema`), one shared
+        #: object per schema id.
+        self.schema: WriterSchema | None = None
 
     def __call__(self, raw: bytes | None) -> Any:
         if raw is None:
+            self.schema = None
             return None
         if len(raw) < 5 or raw[0] != 0:
             raise ValueError(f"not in Confluent's wire format: no magic byte 0 and 4-byte schema id "
                              f"(first bytes {bytes(raw[:5])!r}, {len(raw)} bytes)")
         schema_id = int.from_bytes(raw[1:5], "big")
-        decode = self._by_id.get(schema_id)
-        if decode is None:
-            decode = self._by_id[schema_id] = self._load(schema_id)
+        entry = self._by_id.get(schema_id)
+        if entry is None:
+            entry = self._by_id[schema_id] = self._load(schema_id)
+        decode, self.schema = entry
         try:
             return decode(raw)
         except ValueError as exc:
@@ -95,7 +102,10 @@ class RegistryDecoder:
         except Exception as exc:  # noqa: BLE001 - a decoder's refusal of bad bytes comes in many classes
             raise ValueError(f"payload does not match schema id {schema_id}: {type(exc).__name__}: {exc}") from None
 
-    def _load(self, schema_id: int) -> Decode:
+    def _versions(self, schema_id: int) -> list[tuple[str, int]]:
+        return [(str(v.subject), int(v.version or 0)) for v in self.client.get_schema_versions(schema_id)]
+
+    def _load(self, schema_id: int) -> tuple[Decode, WriterSchema]:
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
         try:
@@ -117,12 +127,15 @@ class RegistryDecoder:
         expected = {"avro": "AVRO", "protobuf": "PROTOBUF", "jsonschema": "JSON"}[self.format]
         if kind != expected:
             raise ValueError(f"schema id {schema_id} is a {kind} schema, not {expected} as the converter expects")
+        writer = WriterSchema(schema_id, self.format, schema.schema_str or "", self.url, lambda: self._versions(schema_id),
+                              lambda subject, version: int(self.client.get_version(subject, version).schema_id or 0))
         try:
             if self.format == "avro":
-                return _avro(schema)
+                return _avro(schema), writer
             if self.format == "protobuf":
-                return _protobuf(schema, self.client)
-            return _json_schema(schema)
+                decode, writer.parsed = _protobuf(schema, self.client)
+                return decode, writer
+            return _json_schema(schema), writer
         except Exception as exc:  # noqa: BLE001 - whatever the parser refuses
             raise ValueError(f"schema id {schema_id} cannot be used: {type(exc).__name__}: {exc}") from None
 
@@ -179,7 +192,8 @@ def jsonable(value: Any) -> Any:
     return str(value)  # uuid.UUID
 
 
-def _protobuf(schema: Any, client: Any) -> Decode:
+def _protobuf(schema: Any, client: Any) -> tuple[Decode, Any]:
+    """The decode function, and the schema's ``FileDescriptorProto`` (what a sink types columns from)."""
     from confluent_kafka.schema_registry._sync.protobuf import _resolve_named_schema
     from confluent_kafka.schema_registry.common.protobuf import _init_pool, _str_to_proto
     from google.protobuf.descriptor_pool import DescriptorPool
@@ -220,7 +234,7 @@ def _protobuf(schema: Any, client: Any) -> Decode:
         msg.ParseFromString(raw[pos:])
         return jsonable(_message_dict(msg))
 
-    return decode
+    return decode, fd_proto
 
 
 def _message_dict(msg: Any) -> dict[str, Any]:

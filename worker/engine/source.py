@@ -297,6 +297,8 @@ class KafkaSource(SourceProgress):
         unwrap_whole = self.unwrap_whole
         if not keep_raw or decode is not json_value:
             rows = None  # a row stands for the value only where the value is the JSON of raw_value
+        #: A Schema Registry converter: each record carries the writer's schema it was decoded with.
+        registry: Any = decode if self.converter in REGISTRY_FORMATS else None
         row = None
         started = time.monotonic()
         deadline = started + timeout_s
@@ -401,6 +403,8 @@ class KafkaSource(SourceProgress):
                     headers = m.headers()
                     rec = SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw if keep_raw else None,
                                      tuple(headers) if headers else (), m.timestamp()[1])
+                    if registry is not None:
+                        rec.value_schema = registry.schema
                     if value is UNDECODED:
                         # (Headers converted: the filesystem sink reads every record's, and a property
                         # reading them costs the envelope more than the conversion saves.)

@@ -25,7 +25,7 @@ from eosink.connectors.api.config import ConfigDef
 from eosink.connectors.api.records import SinkRecord
 
 #: The field names of SinkRecord the helpers below copy, in constructor order.
-RECORD_FIELDS = ("topic", "partition", "offset", "key", "value", "raw_value", "headers", "timestamp_ms")
+RECORD_FIELDS = ("topic", "partition", "offset", "key", "value", "raw_value", "headers", "timestamp_ms", "value_schema")
 
 Header = tuple[str, bytes | None]
 
@@ -40,22 +40,23 @@ class BadRecord(Exception):
 
 
 def with_value(r: SinkRecord, value: Any) -> SinkRecord:
-    """``r`` with a new value; ``raw_value`` is cleared so a sink re-encodes the value."""
+    """``r`` with a new value; ``raw_value`` is cleared so a sink re-encodes the value, and ``value_schema``
+    so a sink types its columns from the new value, not from a schema it may no longer match."""
     return SinkRecord(r.topic, r.partition, r.offset, r.key, value, None, r.headers, r.timestamp_ms)
 
 
 def with_key(r: SinkRecord, key: Any) -> SinkRecord:
     """``r`` with a new key (a transform may leave a map there, as Connect's schemaless keys are)."""
-    return SinkRecord(r.topic, r.partition, r.offset, key, r.value, r.raw_value, r.headers, r.timestamp_ms)
+    return SinkRecord(r.topic, r.partition, r.offset, key, r.value, r.raw_value, r.headers, r.timestamp_ms, r.value_schema)
 
 
 def with_headers(r: SinkRecord, headers: tuple[Header, ...]) -> SinkRecord:
     return SinkRecord(r.topic, r.partition, r.offset, r.key, r.value, r.raw_value, headers,  # type: ignore[arg-type]
-                      r.timestamp_ms)
+                      r.timestamp_ms, r.value_schema)
 
 
 def with_topic(r: SinkRecord, topic: str) -> SinkRecord:
-    return SinkRecord(topic, r.partition, r.offset, r.key, r.value, r.raw_value, r.headers, r.timestamp_ms)
+    return SinkRecord(topic, r.partition, r.offset, r.key, r.value, r.raw_value, r.headers, r.timestamp_ms, r.value_schema)
 
 
 def type_name(v: Any) -> str:
