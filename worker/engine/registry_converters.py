@@ -41,7 +41,8 @@ JSON_SCHEMA = "io.confluent.connect.json.JsonSchemaConverter"
 #: Converter class -> the short name eosink uses (``value.converter`` takes either).
 FORMATS = {AVRO: "avro", PROTOBUF: "protobuf", JSON_SCHEMA: "jsonschema"}
 #: The Connect converter keys under ``value.converter.`` / ``key.converter.`` that these converters read.
-SETTINGS = ("schema.registry.url", "basic.auth.credentials.source", "basic.auth.user.info")
+SETTINGS = ("schema.registry.url", "basic.auth.credentials.source", "basic.auth.user.info",
+            "schema.registry.ssl.ca.location")
 
 Decode = Callable[[bytes], Any]
 
@@ -50,8 +51,12 @@ def client_config(url: str, settings: Mapping[str, Any]) -> dict[str, Any]:
     """confluent-kafka's ``SchemaRegistryClient`` config from Connect's converter keys (without the prefix).
 
     ``basic.auth.credentials.source``: ``USER_INFO`` (``basic.auth.user.info`` = ``user:password``) or
-    ``URL`` (credentials in the URL, ``http://user:password@host``, as confluent-kafka reads them)."""
+    ``URL`` (credentials in the URL, ``http://user:password@host``, as confluent-kafka reads them).
+    ``schema.registry.ssl.ca.location``: the PEM CA an https registry is verified against (its
+    ``ssl.ca.location``); without it, the system's trust store. Verification is never switched off."""
     conf: dict[str, Any] = {"url": url}
+    if settings.get("schema.registry.ssl.ca.location"):
+        conf["ssl.ca.location"] = str(settings["schema.registry.ssl.ca.location"])
     source = str(settings.get("basic.auth.credentials.source") or "").upper()
     if source == "USER_INFO" and settings.get("basic.auth.user.info"):
         conf["basic.auth.user.info"] = str(settings["basic.auth.user.info"])
