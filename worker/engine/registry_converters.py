@@ -116,6 +116,9 @@ class RegistryDecoder:
             raise RetryableError(f"the schema registry at {self.url} failed to hand out schema id {schema_id}: "
                                  f"HTTP {exc.http_status_code}: {exc.error_message}", component="schema-registry") from None
         except Exception as exc:  # noqa: BLE001 - connection refused, timeout, DNS: the registry is not reachable
+            if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+                raise RetryableError(f"the schema registry at {self.url} has a certificate this worker does not trust "
+                                     f"({exc}); check schema.registry.ssl.ca.location", component="schema-registry") from None
             raise RetryableError(f"the schema registry at {self.url} is not reachable ({type(exc).__name__}: {exc}); "
                                  f"delivery resumes when it answers", component="schema-registry") from None
         kind = (schema.schema_type or "AVRO").upper()
