@@ -85,7 +85,8 @@ def test_the_secure_registry_refuses_a_client_that_does_not_trust_its_ca_or_spea
     assert isinstance(client(reg, secure_material).get_subjects(), list), "the same client trusting the CA is served"
 
 
-def test_the_secure_registry_is_in_status_and_defaults_to_backward_compatibility(reg, secure_material, unique) -> None:
+def test_the_secure_registry_is_in_status_keeps_its_secrets_off_its_command_line_and_defaults_to_backward(
+        reg, secure_material, unique) -> None:
     from confluent_kafka.schema_registry import Schema
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
@@ -93,6 +94,10 @@ def test_the_secure_registry_is_in_status_and_defaults_to_backward_compatibility
 
     [entry] = status(["registry"], home=SECURE_HOME)
     assert entry.state == "running" and entry.address.startswith("https://"), entry
+    with open(f"/proc/{entry.pid}/cmdline", "rb") as f:
+        cmdline = f.read().decode(errors="replace")  # what `ps` shows every local user
+    for role in ("registry", "postgres.registry"):
+        assert secure_material.password(role) not in cmdline, f"{role}'s password is on the registry's command line"
     assert reg["converter"]["basic.auth.user.info"].startswith(f"{reg['user']}:${{file:")
     owner = client(reg, secure_material)
     assert owner.get_compatibility() == "BACKWARD"
