@@ -182,3 +182,19 @@ def test_an_avro_topic_on_the_secure_stack_reaches_the_secure_postgres_once_thro
     with psycopg.connect(sink_dsn, autocommit=True) as conn:
         assert conn.execute(f'SELECT name, amount FROM "{unique}" WHERE id = 7').fetchone() == ("n7", decimal.Decimal("1.07"))
     assert secure_material.password("registry") not in w.log_text(), "the registry's password is in the worker's log"
+
+
+def test_the_secure_registry_answers_at_once_after_its_postgresql_restarts(reg, secure_material, unique) -> None:
+    """Its pooled connections die with the server; each is validated before use and replaced, so the first
+    request after the restart is served (unvalidated, ~20 requests failed with 500 first, and a later
+    ``stack up`` refused the registry as unhealthy)."""
+    from confluent_kafka.schema_registry import Schema
+
+    from eosink.worker.stack import start_component, stop_component
+
+    owner = client(reg, secure_material)
+    assert owner.get_subjects() is not None  # the pool holds live connections now
+    stop_component("postgres", SECURE_HOME)
+    start_component("postgres", SECURE_HOME)
+    for n in range(5):
+        assert owner.register_schema(f"{unique}-{n}-value", Schema(json.dumps(AVRO), "AVRO")) > 0

@@ -47,6 +47,10 @@ DATABASE = "eosink_registry"
 CCOMPAT = "/apis/ccompat/v7"
 COMPATIBILITY = "BACKWARD"
 JAVA_MIN = 21
+#: Connections are checked before use and every 5 s: without it, a PostgreSQL restart leaves the registry
+#: holding dead connections and answering 500 until it is restarted too (measured on 3.3.3).
+POOL_FLAGS = ("-Dquarkus.datasource.postgresql.jdbc.validate-on-borrow=true",
+              "-Dquarkus.datasource.postgresql.jdbc.background-validation-interval=5S")
 NAME = "registry"
 
 
@@ -193,7 +197,7 @@ class Registry(Component):
                     "APICURIO_DATASOURCE_USERNAME": POSTGRES_USER, "APICURIO_DATASOURCE_PASSWORD": POSTGRES_USER}
             flags = [f"-Dquarkus.http.host={HOST}", f"-Dquarkus.http.port={port}",
                      f"-Dquarkus.management.host={HOST}", f"-Dquarkus.management.port={management}"]
-        argv = [java, "-Xms64m", "-Xmx192m", "-XX:-UsePerfData", "-Djava.awt.headless=true", *flags,
+        argv = [java, "-Xms64m", "-Xmx192m", "-XX:-UsePerfData", "-Djava.awt.headless=true", *flags, *POOL_FLAGS,
                 "-jar", str(app / "quarkus-run.jar")]
         return proc.spawn(argv, self.log_path, cwd=self.data_dir, env=env)
 
