@@ -67,10 +67,43 @@ def test_a_converter_eosink_cannot_decode_is_refused_at_registration_not_at_task
     registry = parse_connector("c", {**PG, "key.converter": "protobuf", "key.converter.schema.registry.url": "http://r"},
                                resolve=False)
     assert registry.key_converter == "protobuf" and registry.registry("key") == {
-        "schema.registry.url": "http://r", "basic.auth.credentials.source": "", "basic.auth.user.info": ""}
+        "schema.registry.url": "http://r", "basic.auth.credentials.source": "", "basic.auth.user.info": "",
+        "schema.registry.ssl.ca.location": ""}
     ok = parse_connector("c", {**PG, "key.converter": "org.apache.kafka.connect.json.JsonConverter",
                                "value.converter.schemas.enable": "true"}, resolve=False)
     assert ok.key_converter == "json" and ok.settings["value.converter.schemas.enable"] is True
+
+
+def test_a_registry_ca_that_is_missing_or_not_a_pem_certificate_is_refused_at_registration(tmp_path):
+    avro = {**PG, "value.converter": "avro", "value.converter.schema.registry.url": "https://127.0.0.1:1"}
+    key = "value.converter.schema.registry.ssl.ca.location"
+    missing = _refused({**avro, key: str(tmp_path / "absent.pem")})
+    assert missing.key == key and "absent.pem" in str(missing)
+    garbage = tmp_path / "not-a-ca.pem"
+    garbage.write_text("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n")
+    bad = _refused({**avro, key: str(garbage)})
+    assert bad.key == key and "not-a-ca.pem" in str(bad) and "not a PEM CA certificate" in str(bad)
+    ca = tmp_path / "ca.pem"
+    ca.write_text(_self_signed_ca())
+    accepted = parse_connector("c", {**avro, key: str(ca)}, resolve=False)
+    assert accepted.registry("value")["schema.registry.ssl.ca.location"] == str(ca)
+
+
+def _self_signed_ca() -> str:
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM).decode()
 
 
 def test_topics_and_topics_regex_are_exclusive_and_the_regex_must_compile():

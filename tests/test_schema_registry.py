@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import io
 import json
 from collections.abc import Callable
 from typing import Any
@@ -332,3 +333,34 @@ def test_protobuf_nested_messages_enums_repeated_and_maps_become_plain_values(re
     assert RegistryDecoder("protobuf", registry.url)(value) == {
         "id": 2**40, "state": "SENT", "to": {"city": "Lyon"}, "from": None, "parcels": ["\\x01", "\\xff"],
         "tags": {"fragile": 3}}
+
+
+def test_an_avro_schema_that_references_another_subject_decodes_with_the_referenced_types(registry: RegistryServer,
+                                                                                           unique) -> None:
+    """``shop.Money`` registered under a subject of its own; ``shop.Payment`` references it and uses it twice (the
+    second use by name alone): both amounts come out as exact decimal text."""
+    from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
+    from confluent_kafka.schema_registry.common.avro import parse_schema_with_repo
+    from fastavro import schemaless_writer
+
+    from eosink.worker.engine.registry_converters import RegistryDecoder
+
+    money = {"type": "record", "name": "Money", "namespace": "shop", "fields": [
+        {"name": "units", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}},
+        {"name": "currency", "type": "string"}]}
+    payment = {"type": "record", "name": "Payment", "namespace": "shop", "fields": [
+        {"name": "id", "type": "long"}, {"name": "amount", "type": "shop.Money"}, {"name": "fee", "type": "shop.Money"}]}
+    client = SchemaRegistryClient({"url": registry.url})
+    money_subject = f"{unique}-money"
+    client.register_schema(money_subject, Schema(json.dumps(money), "AVRO"))
+    version = client.get_latest_version(money_subject).version
+    payment_id = client.register_schema(f"{unique}-value", Schema(
+        json.dumps(payment), "AVRO", [SchemaReference("shop.Money", money_subject, version)]))
+    writer = parse_schema_with_repo(json.dumps(payment), {"shop.Money": money})
+    buf = io.BytesIO()
+    schemaless_writer(buf, writer, {"id": 7, "amount": {"units": decimal.Decimal("12.34"), "currency": "EUR"},
+                                    "fee": {"units": decimal.Decimal("0.05"), "currency": "EUR"}})
+    decode = RegistryDecoder("avro", registry.url)
+    value = decode(b"\x00" + payment_id.to_bytes(4, "big") + buf.getvalue())
+    assert value == {"id": 7, "amount": {"units": "12.34", "currency": "EUR"}, "fee": {"units": "0.05", "currency": "EUR"}}
+    assert json.loads(json.dumps(value)) == value, "a decoded value JSON cannot hold"

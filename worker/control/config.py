@@ -75,8 +75,21 @@ def _registry_keys(cdef: ConfigDef) -> ConfigDef:
                         f"credentials are {p}basic.auth.user.info; URL: they are in the URL (http://user:password@host).",
                         Importance.LOW, one_of("", "USER_INFO", "URL"))
                 .define(p + "basic.auth.user.info", Type.PASSWORD, "", "user:password for the Schema Registry, with "
-                        "basic.auth.credentials.source=USER_INFO (best as a ${file:...} reference).", Importance.LOW))
+                        "basic.auth.credentials.source=USER_INFO (best as a ${file:...} reference).", Importance.LOW)
+                .define(p + "schema.registry.ssl.ca.location", Type.STRING, "", "A PEM file of the CA(s) an https "
+                        "Schema Registry's certificate is verified against (default: the system's trust store); "
+                        "Java's truststore keys take JKS, this takes PEM, as confluent-kafka's ssl.ca.location.",
+                        Importance.LOW, _pem_ca))
     return cdef
+
+
+def _pem_ca(key: str, value: Any) -> None:
+    """Checked where the config is registered: a missing or non-PEM file would otherwise first fail as
+    a handshake error when a task fetches its first schema."""
+    if value:
+        from eosink.worker.control.rest.tls import ca_file
+
+        ca_file(str(value), key)
 
 
 def _regex(key: str, value: Any) -> None:

@@ -5,7 +5,8 @@ its message indexes first). The schema is fetched once per id (confluent-kafka's
 ``SchemaRegistryClient``, which caches it) and turned once into a decode function, kept by id:
 
 * Avro: fastavro's ``schemaless_reader`` on the bytes after the header, with the parsed writer
-  schema (~5x confluent-kafka's ``AvroDeserializer``). Records become dicts.
+  schema (~5x confluent-kafka's ``AvroDeserializer``). Records become dicts. The subjects a schema
+  references are fetched with it (recursively) and parsed as named types before it.
 * Protobuf: the message class built from the registered descriptor; the message becomes a dict by
   field name (every field, proto3 defaults too; int64 an int, enums by name).
 * JSON Schema: the JSON after the header, validated against the registered schema.
@@ -42,7 +43,8 @@ JSON_SCHEMA = "io.confluent.connect.json.JsonSchemaConverter"
 #: Converter class -> the short name eosink uses (``value.converter`` takes either).
 FORMATS = {AVRO: "avro", PROTOBUF: "protobuf", JSON_SCHEMA: "jsonschema"}
 #: The Connect converter keys under ``value.converter.`` / ``key.converter.`` that these converters read.
-SETTINGS = ("schema.registry.url", "basic.auth.credentials.source", "basic.auth.user.info")
+SETTINGS = ("schema.registry.url", "basic.auth.credentials.source", "basic.auth.user.info",
+            "schema.registry.ssl.ca.location")
 
 Decode = Callable[[bytes], Any]
 
@@ -51,8 +53,12 @@ def client_config(url: str, settings: Mapping[str, Any]) -> dict[str, Any]:
     """confluent-kafka's ``SchemaRegistryClient`` config from Connect's converter keys (without the prefix).
 
     ``basic.auth.credentials.source``: ``USER_INFO`` (``basic.auth.user.info`` = ``user:password``) or
-    ``URL`` (credentials in the URL, ``http://user:password@host``, as confluent-kafka reads them)."""
+    ``URL`` (credentials in the URL, ``http://user:password@host``, as confluent-kafka reads them).
+    ``schema.registry.ssl.ca.location``: the PEM CA an https registry is verified against (its
+    ``ssl.ca.location``); without it, the system's trust store. Verification is never switched off."""
     conf: dict[str, Any] = {"url": url}
+    if settings.get("schema.registry.ssl.ca.location"):
+        conf["ssl.ca.location"] = str(settings["schema.registry.ssl.ca.location"])
     source = str(settings.get("basic.auth.credentials.source") or "").upper()
     if source == "USER_INFO" and settings.get("basic.auth.user.info"):
         conf["basic.auth.user.info"] = str(settings["basic.auth.user.info"])
@@ -106,23 +112,7 @@ class RegistryDecoder:
         return [(str(v.subject), int(v.version or 0)) for v in self.client.get_schema_versions(schema_id)]
 
     def _load(self, schema_id: int) -> tuple[Decode, WriterSchema]:
-        from confluent_kafka.schema_registry.error import SchemaRegistryError
-
-        try:
-            schema = self.client.get_schema(schema_id)
-        except SchemaRegistryError as exc:
-            if exc.http_status_code == 404:
-                raise ValueError(f"schema id {schema_id} is unknown to the schema registry at {self.url} "
-                                 f"({exc.error_message})") from None
-            if exc.http_status_code in (401, 403):
-                raise RetryableError(f"the schema registry at {self.url} refused to hand out schema id {schema_id} "
-                                     f"(HTTP {exc.http_status_code}: {exc.error_message}); check "
-                                     "basic.auth.user.info", component="schema-registry") from None
-            raise RetryableError(f"the schema registry at {self.url} failed to hand out schema id {schema_id}: "
-                                 f"HTTP {exc.http_status_code}: {exc.error_message}", component="schema-registry") from None
-        except Exception as exc:  # noqa: BLE001 - connection refused, timeout, DNS: the registry is not reachable
-            raise RetryableError(f"the schema registry at {self.url} is not reachable ({type(exc).__name__}: {exc}); "
-                                 f"delivery resumes when it answers", component="schema-registry") from None
+        schema, named = self._fetch(schema_id)
         kind = (schema.schema_type or "AVRO").upper()
         expected = {"avro": "AVRO", "protobuf": "PROTOBUF", "jsonschema": "JSON"}[self.format]
         if kind != expected:
@@ -131,7 +121,7 @@ class RegistryDecoder:
                               lambda subject, version: int(self.client.get_version(subject, version).schema_id or 0))
         try:
             if self.format == "avro":
-                return _avro(schema), writer
+                return _avro(schema, named), writer
             if self.format == "protobuf":
                 decode, writer.parsed = _protobuf(schema, self.client)
                 return decode, writer
@@ -139,17 +129,49 @@ class RegistryDecoder:
         except Exception as exc:  # noqa: BLE001 - whatever the parser refuses
             raise ValueError(f"schema id {schema_id} cannot be used: {type(exc).__name__}: {exc}") from None
 
+    def _fetch(self, schema_id: int) -> tuple[Any, dict[str, Any]]:
+        """The schema of ``schema_id`` and, for Avro, the subjects it references (schema references), fetched
+        recursively as named types by name; a registry that does not answer is retryable, not a record error."""
+        from confluent_kafka.schema_registry._sync.avro import _resolve_named_schema
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-def _avro(schema: Any) -> Decode:
-    from fastavro import parse_schema, schemaless_reader
+        what = f"schema id {schema_id}"
+        try:
+            schema = self.client.get_schema(schema_id)
+            if self.format != "avro" or not schema.references or (schema.schema_type or "AVRO").upper() != "AVRO":
+                return schema, {}
+            what = f"a schema referenced by {what} ({', '.join(f'{r.subject} v{r.version}' for r in schema.references)})"
+            return schema, _resolve_named_schema(schema, self.client)
+        except SchemaRegistryError as exc:
+            if exc.http_status_code == 404:
+                raise ValueError(f"{what} is unknown to the schema registry at {self.url} ({exc.error_message})") from None
+            if exc.http_status_code in (401, 403):
+                raise RetryableError(f"the schema registry at {self.url} refused to hand out {what} "
+                                     f"(HTTP {exc.http_status_code}: {exc.error_message}); check "
+                                     "basic.auth.user.info", component="schema-registry") from None
+            raise RetryableError(f"the schema registry at {self.url} failed to hand out {what}: "
+                                 f"HTTP {exc.http_status_code}: {exc.error_message}", component="schema-registry") from None
+        except Exception as exc:  # noqa: BLE001 - connection refused, timeout, DNS: the registry is not reachable
+            if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+                raise RetryableError(f"the schema registry at {self.url} has a certificate this worker does not trust "
+                                     f"({exc}); check schema.registry.ssl.ca.location", component="schema-registry") from None
+            raise RetryableError(f"the schema registry at {self.url} is not reachable ({type(exc).__name__}: {exc}); "
+                                 f"delivery resumes when it answers", component="schema-registry") from None
 
-    document = json.loads(schema.schema_str)
-    parsed = parse_schema(document)
+
+def _avro(schema: Any, references: Mapping[str, Any]) -> Decode:
+    """The decoder of an Avro writer's schema; ``references``: the raw schemas it references, by name."""
+    from confluent_kafka.schema_registry.common.avro import parse_schema_with_repo
+    from fastavro import schemaless_reader
+
+    # Referenced schemas are named types the root may use by name; fastavro inlines each at its first use.
+    parsed: Any = parse_schema_with_repo(schema.schema_str, dict(references))
+    texty = _text_names(parsed.get("__named_schemas", {}) if isinstance(parsed, dict) else {})
     # Only the fields whose type JSON lacks are rewritten (the whole value when it is no record):
     # walking every value measured ~2x the decode itself.
-    fields = document.get("fields") if isinstance(document, dict) and document.get("type") == "record" else None
-    whole = fields is None and _needs_text(document)
-    fix = [] if fields is None else [f["name"] for f in fields if _needs_text(f["type"])]
+    fields = parsed.get("fields") if isinstance(parsed, dict) and parsed.get("type") == "record" else None
+    whole = fields is None and _needs_text(parsed, texty)
+    fix = [] if fields is None else [f["name"] for f in fields if _needs_text(f["type"], texty)]
 
     def decode(raw: bytes) -> Any:
         buf = io.BytesIO(raw)
@@ -168,9 +190,24 @@ def _avro(schema: Any) -> Decode:
     return decode
 
 
-def _needs_text(avro_type: Any) -> bool:
-    """Whether values of this Avro type may hold something JSON has no type for (bytes, fixed, logical types)."""
+def _text_names(named: Mapping[str, Any]) -> frozenset[str]:
+    """Full names of the named types whose values may hold something JSON lacks, directly or through another
+    named type (a field may name a type defined elsewhere: earlier in the schema, or in a referenced one)."""
+    texts = {name: json.dumps(definition) for name, definition in named.items()}
+    found = {name for name, text in texts.items() if _needs_text_words(text)}
+    while more := {n for n, text in texts.items() if n not in found and any(f'"{m}"' in text for m in found)}:
+        found |= more
+    return frozenset(found)
+
+
+def _needs_text(avro_type: Any, names: frozenset[str] = frozenset()) -> bool:
+    """Whether values of this Avro type may hold something JSON has no type for (bytes, fixed, logical types),
+    ``names`` being the named types that may (:func:`_text_names`)."""
     text = json.dumps(avro_type)
+    return _needs_text_words(text) or any(f'"{name}"' in text for name in names)
+
+
+def _needs_text_words(text: str) -> bool:
     return any(word in text for word in ('"bytes"', '"fixed"', '"logicalType"'))
 
 

@@ -69,8 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--secure", action="store_true",
                         help="up: make this home a locked-down stack (Kafka SASL/SCRAM over TLS with ACLs, ZooKeeper "
                              "digest ACLs, PostgreSQL scram-sha-256 over TLS with a least-privilege role, MinIO over "
-                             "TLS with a one-bucket user) on ports 100 above the open stack's; later commands on the "
-                             "home need no flag. Secrets: <home>/stack/secrets")
+                             "TLS with a one-bucket user, the Schema Registry over TLS with basic auth) on ports 100 "
+                             "above the open stack's; later commands on the home need no flag. Secrets: "
+                             "<home>/stack/secrets")
     parser.add_argument("--only", action="append", metavar="COMPONENT",
                         help=f"act on these components only (repeat or comma-separate; {', '.join(COMPONENTS)})")
     return parser

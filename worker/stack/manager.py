@@ -23,9 +23,6 @@ from eosink.worker.stack.layout import HOST, StackLayout
 
 Report = Callable[[str], None]
 
-#: Components an open stack runs and a secure one does not (yet).
-OPEN_ONLY = frozenset({"registry"})
-
 # How long a running server may fail its probe before `up` calls it unhealthy instead of
 # leaving it alone.
 UNHEALTHY_GRACE_S = 15.0
@@ -63,12 +60,7 @@ def select(names: Iterable[str] | None, layout: StackLayout, brokers: int | None
     zk_nodes = zookeeper_ensemble.nodes(layout, zookeeper_nodes)
     aliases = {f"kafka-{n}": node.name for n, node in enumerate(nodes, 1)}
     aliases |= {f"zookeeper-{n}": node.name for n, node in enumerate(zk_nodes, 1)}
-    offered = [n for n in COMPONENTS if not (layout.secure and n in OPEN_ONLY)]
-    wanted = offered if names is None else [aliases.get(n, n) for n in names]
-    refused = [n for n in wanted if layout.secure and n in OPEN_ONLY]
-    if refused:
-        raise StackError(f"a secure stack runs no {', '.join(refused)} yet (it would serve without TLS or credentials); "
-                         "use an open stack for it")
+    wanted = list(COMPONENTS) if names is None else [aliases.get(n, n) for n in names]
     unknown = [n for n in wanted if n not in COMPONENTS and n not in aliases.values()]
     if unknown:
         choices = [*COMPONENTS, *[alias for alias, name in aliases.items() if alias == name]]

@@ -28,13 +28,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import os
 import secrets
 from pathlib import Path
 from urllib.parse import quote
 
 from eosink.worker.stack.layout import HOST
-from eosink.worker.stack.secure import USERS, Material
+from eosink.worker.stack.secure import USERS, Material, write_private
 
 ADMIN_PASSWORD_ROLE = "postgres.admin"
 SINK_PASSWORD_ROLE = "postgres.sink"
@@ -98,12 +97,7 @@ def write_passfile(m: Material, port: int) -> None:
     """``host:port:database:user:password`` per role; 0600, or libpq ignores it."""
     lines = [":".join(_pgpass_field(x) for x in (host, str(port), "*", USERS[role], m.password(role)))
              for host in (HOST, "localhost") for role in (ADMIN_PASSWORD_ROLE, SINK_PASSWORD_ROLE)]
-    path = passfile(m)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    os.replace(tmp, path)
+    write_private(passfile(m), ("\n".join(lines) + "\n").encode())
 
 
 def scram_verifier(password: str, iterations: int = SCRAM_ITERATIONS) -> str:
@@ -126,17 +120,28 @@ def provision(admin_dsn: str, m: Material, database: str) -> None:
     Re-asserted rather than created once: a grant removed by hand (a test proving what the sink
     needs does exactly that) is back after the next ``stack up``.
     """
+    own_schema(admin_dsn, m, SINK_PASSWORD_ROLE, database)
+
+
+def own_schema(admin_dsn: str, m: Material, password_role: str, database: str) -> None:
+    """Role ``USERS[password_role]`` (LOGIN, nothing more) with CONNECT on ``database`` alone and a schema of
+    its own name there as its ``search_path``; PUBLIC loses CONNECT and schema ``public``.
+
+    ``admin_dsn`` connects the admin to ``database``. One shape for every role a stack component uses
+    (the sink's, the Schema Registry's storage), so each reaches its own tables and the catalogs only.
+    """
     import psycopg
     from psycopg import sql
 
-    role, schema = sql.Identifier(SINK_ROLE), sql.Identifier(SINK_SCHEMA)
+    name = USERS[password_role]
+    role, schema = sql.Identifier(name), sql.Identifier(name)
     attrs = sql.SQL("LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT")
     with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=5) as conn, conn.transaction():
-        exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (SINK_ROLE,)).fetchone()
+        exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone()
         if exists is None:
             conn.execute(sql.SQL("CREATE ROLE {} {}").format(role, attrs))
         conn.execute(sql.SQL("ALTER ROLE {} {} PASSWORD {}").format(
-            role, attrs, sql.Literal(scram_verifier(m.password(SINK_PASSWORD_ROLE)))))
+            role, attrs, sql.Literal(scram_verifier(m.password(password_role)))))
         for db in (database, "postgres"):
             conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(db)))
         conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(database), role))

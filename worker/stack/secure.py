@@ -6,6 +6,8 @@
 - ZooKeeper: SASL (DIGEST-MD5) authentication required, ACLs on ``/eosink`` (see :mod:`eosink.worker.engine.zk`);
 - PostgreSQL: scram-sha-256 over TLS only, the sink as a role that owns its own schema and nothing else;
 - MinIO: TLS, the sink as a user whose policy allows one bucket;
+- the Schema Registry: TLS with HTTP basic authentication, its storage a PostgreSQL role of its own
+  (see :mod:`eosink.worker.stack.registry_secure`);
 - the worker's REST API: TLS with HTTP basic authentication.
 
 This module makes, once per home, the material those servers and their clients share, under
@@ -45,9 +47,11 @@ USERS: dict[str, str] = {
     "zookeeper.admin": "super",             # ZooKeeper's super user (superUser): repair only, never a worker
     "postgres.admin": "eosink",             # the cluster's superuser (creates roles and databases)
     "postgres.sink": "eosink_sink",         # what sinks connect as: owns schema eosink_sink, nothing else
+    "postgres.registry": "eosink_registry", # the Schema Registry's storage: owns schema eosink_registry, nothing else
     "s3.root": "eosink",                    # MinIO's root user (creates buckets, users and policies)
     "s3.sink": "eosink-sink",               # what sinks connect as: one bucket only
     "rest": "eosink",                       # the worker REST API's basic-auth user
+    "registry": "eosink-registry",          # the Schema Registry's basic-auth user (workers and publishers)
 }
 
 #: The roles ZooKeeper's JAAS file knows: no other user can open a session.
@@ -163,7 +167,7 @@ def read_properties(path: Path) -> dict[str, str]:
     return out
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes) -> None:
     """Write ``data`` readable by its owner only (keys, passwords), atomically."""
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -186,7 +190,7 @@ def _ensure_credentials(m: Material) -> None:
             changed = True
         lines += [f"{user_key}={user}", f"{key}={value}"]
     if changed:
-        _write_private(m.credentials_file, ("\n".join(lines) + "\n").encode())
+        write_private(m.credentials_file, ("\n".join(lines) + "\n").encode())
 
 
 def _now() -> datetime.datetime:
@@ -215,7 +219,7 @@ def _write_ca(m: Material) -> None:
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
-    _write_private(m.ca_key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+    write_private(m.ca_key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                serialization.NoEncryption()))
     m.ca_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     # A new CA invalidates any server certificate signed by the old one.
@@ -248,6 +252,6 @@ def _write_server_cert(m: Material) -> None:
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    _write_private(m.server_key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+    write_private(m.server_key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                    serialization.NoEncryption()))
     m.server_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))

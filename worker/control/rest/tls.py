@@ -56,12 +56,16 @@ def server_context(cert: str, key: str) -> ssl.SSLContext:
     return ctx
 
 
+def ca_file(ca: str, setting: str) -> Path:
+    """``ca`` if it is a readable PEM CA certificate; else a ConfigError naming ``setting`` and the file."""
+    path = _readable(ca, setting)
+    if not _is_certificate(path):
+        raise ConfigError(f"{path} is not a PEM CA certificate", key=setting)
+    return path
+
+
 def client_context(ca: str | None) -> ssl.SSLContext:
     """The CLI's context: verification on, hostname checked; ``ca`` (PEM) is the authority to trust, when given."""
     if ca:
-        path = _readable(ca, CA_SETTING)
-        try:
-            return ssl.create_default_context(cafile=str(path))
-        except ssl.SSLError:
-            raise ConfigError(f"{path} is not a PEM CA certificate", key=CA_SETTING) from None
+        return ssl.create_default_context(cafile=str(ca_file(ca, CA_SETTING)))
     return ssl.create_default_context()

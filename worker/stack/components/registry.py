@@ -9,7 +9,9 @@ they survive restarts. Both the API port and the management port (health) listen
 the Confluent-compatible API is ``<url>/apis/ccompat/v7``, and every start sets the global
 compatibility to BACKWARD (the app's own default is NONE).
 
-A secure stack runs no registry yet: :func:`eosink.worker.stack.manager.select` leaves it out.
+A secure stack's registry (:mod:`eosink.worker.stack.registry_secure`) serves HTTPS only, with the
+stack's certificate, and demands HTTP basic auth on every API path; it stores its schemas as a
+PostgreSQL role of its own (``eosink_registry``, owner of its schema and nothing else) over TLS.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eosink.worker.stack import jvm, proc
+from eosink.worker.stack import jvm, pg_secure, proc, registry_secure
+from eosink.worker.stack import secure as secure_material
 from eosink.worker.stack.components.base import Component
 from eosink.worker.stack.components.postgres import PORT_ENV as POSTGRES_PORT_ENV
 from eosink.worker.stack.components.postgres import USER as POSTGRES_USER
+from eosink.worker.stack.components.postgres import Postgres
 from eosink.worker.stack.errors import ComponentError
 from eosink.worker.stack.gotools import run_with_progress
 from eosink.worker.stack.layout import HOST
@@ -43,6 +47,10 @@ DATABASE = "eosink_registry"
 CCOMPAT = "/apis/ccompat/v7"
 COMPATIBILITY = "BACKWARD"
 JAVA_MIN = 21
+#: Connections are checked before use and every 5 s: without it, a PostgreSQL restart leaves the registry
+#: holding dead connections and answering 500 until it is restarted too (measured on 3.3.3).
+POOL_FLAGS = ("-Dquarkus.datasource.postgresql.jdbc.validate-on-borrow=true",
+              "-Dquarkus.datasource.postgresql.jdbc.background-validation-interval=5S")
 NAME = "registry"
 
 
@@ -147,11 +155,21 @@ class Registry(Component):
         return {PORT_ENV: self.layout.port(PORT_ENV), MANAGEMENT_PORT_ENV: self.layout.port(MANAGEMENT_PORT_ENV)}
 
     def endpoint(self) -> dict[str, Any]:
-        """``url`` is the Confluent-compatible API: what a connector's ``value.converter.schema.registry.url`` takes."""
-        return {"url": self.address() + CCOMPAT, "health_url": f"http://{HOST}:{self.layout.port(MANAGEMENT_PORT_ENV)}/health/ready"}
+        """``url`` is the Confluent-compatible API: what a connector's ``value.converter.schema.registry.url`` takes.
+
+        A secure stack's entry also names the CA, the user and where the password is, and ``converter``:
+        the Connect converter keys (without ``value.converter.``) that reach it."""
+        url = self.address() + CCOMPAT
+        health = f"{self._scheme()}://{HOST}:{self.layout.port(MANAGEMENT_PORT_ENV)}/health/ready"
+        if self.layout.secure:
+            return registry_secure.endpoint(secure_material.material(self.layout), url, health)
+        return {"url": url, "health_url": health}
 
     def address(self) -> str:
-        return f"http://{HOST}:{self.layout.port(PORT_ENV)}"
+        return f"{self._scheme()}://{HOST}:{self.layout.port(PORT_ENV)}"
+
+    def _scheme(self) -> str:
+        return "https" if self.layout.secure else "http"
 
     def prepare(self, report: Callable[[str], None]) -> None:
         install_dir(report)
@@ -163,32 +181,56 @@ class Registry(Component):
         self.data_dir.mkdir(parents=True, exist_ok=True)
         pg_port = self.layout.port(POSTGRES_PORT_ENV)
         try:
-            self._create_database(pg_port)
+            self._create_database()
         except Exception as e:  # noqa: BLE001 - any failure: the registry has nowhere to keep schemas
             raise self.fail(f"cannot create its database {DATABASE!r} in the stack's PostgreSQL on {HOST}:{pg_port} "
                             f"(is it running? `eosink stack up --only postgres`): {e}") from None
-        env = {**os.environ, "APICURIO_STORAGE_KIND": "sql", "APICURIO_STORAGE_SQL_KIND": "postgresql",
-               "APICURIO_DATASOURCE_URL": f"jdbc:postgresql://{HOST}:{pg_port}/{DATABASE}",
-               "APICURIO_DATASOURCE_USERNAME": POSTGRES_USER, "APICURIO_DATASOURCE_PASSWORD": POSTGRES_USER}
-        argv = [java, "-Xms64m", "-Xmx192m", "-XX:-UsePerfData", "-Djava.awt.headless=true",
-                f"-Dquarkus.http.host={HOST}", f"-Dquarkus.http.port={self.layout.port(PORT_ENV)}",
-                f"-Dquarkus.management.host={HOST}", f"-Dquarkus.management.port={self.layout.port(MANAGEMENT_PORT_ENV)}",
+        env = {**os.environ, "APICURIO_STORAGE_KIND": "sql", "APICURIO_STORAGE_SQL_KIND": "postgresql"}
+        port, management = self.layout.port(PORT_ENV), self.layout.port(MANAGEMENT_PORT_ENV)
+        if self.layout.secure:
+            m = secure_material.material(self.layout)
+            registry_secure.write_config(m)
+            env |= registry_secure.storage_env(m, pg_port, DATABASE)
+            flags = registry_secure.server_flags(m, port, management)
+        else:
+            env |= {"APICURIO_DATASOURCE_URL": f"jdbc:postgresql://{HOST}:{pg_port}/{DATABASE}",
+                    "APICURIO_DATASOURCE_USERNAME": POSTGRES_USER, "APICURIO_DATASOURCE_PASSWORD": POSTGRES_USER}
+            flags = [f"-Dquarkus.http.host={HOST}", f"-Dquarkus.http.port={port}",
+                     f"-Dquarkus.management.host={HOST}", f"-Dquarkus.management.port={management}"]
+        argv = [java, "-Xms64m", "-Xmx192m", "-XX:-UsePerfData", "-Djava.awt.headless=true", *flags, *POOL_FLAGS,
                 "-jar", str(app / "quarkus-run.jar")]
         return proc.spawn(argv, self.log_path, cwd=self.data_dir, env=env)
 
-    def _create_database(self, pg_port: int) -> None:
+    def _create_database(self) -> None:
+        """Its database; on a secure stack also its own role, owner of a schema there and of nothing else."""
         import psycopg
 
-        dsn = f"postgresql://{POSTGRES_USER}@{HOST}:{pg_port}/postgres"
-        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+        postgres = Postgres(self.layout)
+        with psycopg.connect(postgres.dsn("postgres"), autocommit=True, connect_timeout=5) as conn:
             if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone() is None:
                 conn.execute(f'CREATE DATABASE "{DATABASE}"')
+        if self.layout.secure:
+            pg_secure.own_schema(postgres.dsn(DATABASE), secure_material.material(self.layout),
+                                 registry_secure.STORAGE_ROLE, DATABASE)
+
+    def _send(self, request: urllib.request.Request, timeout: float) -> bytes:
+        """``request`` answered by this registry (over TLS with the client's credentials on a secure stack)."""
+        if self.layout.secure:
+            return registry_secure.open_url(secure_material.material(self.layout), request, timeout)
+        with urllib.request.urlopen(request, timeout=timeout) as answer:  # noqa: S310 - loopback
+            return bytes(answer.read())
 
     def probe(self) -> None:
-        port = self.layout.port(MANAGEMENT_PORT_ENV)
-        with urllib.request.urlopen(f"http://{HOST}:{port}/health/ready", timeout=3) as answer:  # noqa: S310 - loopback
-            if answer.status != 200:
-                raise RuntimeError(f"/health/ready answered {answer.status}")
+        """Health on the management port; on a secure stack the API with credentials too (health alone would
+        pass a registry whose user realm is broken)."""
+        health = urllib.request.Request(self.endpoint()["health_url"])
+        if not self.layout.secure:
+            self._send(health, 3)
+            return
+        context = registry_secure.client_context(secure_material.material(self.layout))
+        with urllib.request.urlopen(health, timeout=3, context=context):  # noqa: S310 - https only
+            pass
+        self._send(urllib.request.Request(self.address() + CCOMPAT + "/subjects"), 3)
 
     def verify(self) -> None:
         """Global compatibility BACKWARD (idempotent, every start)."""
@@ -196,7 +238,6 @@ class Registry(Component):
         request = urllib.request.Request(self.address() + CCOMPAT + "/config", data=body, method="PUT",
                                          headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
         try:
-            with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310 - loopback
-                answer.read()
+            self._send(request, 10)
         except Exception as e:  # noqa: BLE001 - whatever failed, the registry is not what the stack promises
             raise self.fail(f"setting compatibility {COMPATIBILITY} failed: {type(e).__name__}: {e}") from None
