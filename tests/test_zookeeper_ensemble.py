@@ -138,6 +138,29 @@ def test_worker_without_zookeeper_flag_joins_the_ensemble_listed_in_endpoints(en
         ensemble.restart("zookeeper")
 
 
+def test_the_demo_runs_on_the_ensemble_listed_in_endpoints_with_its_first_node_down(ensemble, stack):
+    """``eosink demo`` as a user runs it against a stack started with ``--zookeeper-nodes 3``: its worker, its
+    CLI calls and its checks all take the multi-host connect string of endpoints.json; node 1 is down."""
+    env = {k: v for k, v in os.environ.items() if k != "EOSINK_ZOOKEEPER"} | {"EOSINK_HOME": str(ensemble.home)}
+    ensemble.kill("zookeeper")
+    try:
+        run = subprocess.run([sys.executable, "-m", "eosink.worker.clients.cli", "demo"], env=env, capture_output=True,
+                             text=True, timeout=600)
+    finally:
+        ensemble.restart("zookeeper")
+    assert run.returncode == 0 and "RESULT: OK - exactly once" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+    from kazoo.client import KazooClient
+
+    zk = KazooClient(hosts=ensemble.hosts, timeout=10)
+    zk.start(timeout=20)
+    try:  # the demo's cluster lives on the ensemble, not on the shared stack's ZooKeeper
+        assert zk.exists("/eosink/default/connectors") and zk.get_children("/eosink/default/connectors"), \
+            "the demo's connector is not on the ensemble"
+    finally:
+        zk.stop()
+        zk.close()
+
+
 def test_zookeeper_leader_sigkill_under_load_delivers_every_record_once(ensemble, rigs, stack, unique, tmp_path):
     rig = _three_workers(ensemble, rigs, stack, unique, tmp_path)
     publisher = Publisher(stack.kafka_bootstrap, rig.topic)
