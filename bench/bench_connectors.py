@@ -177,8 +177,9 @@ class Cluster:
             w.stop(60)
         self.zk.stop()
         if pg is not None:
-            for t in self.tables:
-                pg.execute(f'DROP TABLE IF EXISTS "{t}"')
+            with psycopg.connect(self.ep.postgres_dsn, autocommit=True) as own:  # the run's may have met a restart
+                for t in self.tables:
+                    own.execute(f'DROP TABLE IF EXISTS "{t}"')
         self.admin.delete_topics([self.topic])[self.topic].result(60)
 
 
