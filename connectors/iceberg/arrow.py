@@ -63,6 +63,7 @@ from pyiceberg.types import (
 
 from eosink.connectors.api.errors import ConfigError, RecordError
 from eosink.connectors.api.records import SinkRecord
+from eosink.connectors.iceberg.typed_values import convert_column
 
 COMPONENT = "iceberg"
 #: Columns carrying the Kafka coordinates (``fields.kafka``).
@@ -331,12 +332,14 @@ def kafka_column_built(field: NestedField) -> bool:
 
 
 def to_arrow(schema: Schema, records: Sequence[SinkRecord], values: Sequence[dict[str, Any]], kafka: bool,
-             unknown_ok: bool = False, topics: set[str] | None = None) -> pa.Table:
+             unknown_ok: bool = False, topics: set[str] | None = None, typed: bool = False) -> pa.Table:
     """An Arrow table with exactly the table's columns, or a RecordError before anything is written.
 
     A value field the table has no column for is refused (``unknown_ok`` is for callers that
     evolved the schema and know every field has a column now). ``topics``: the batch's topics, when
     the caller already knows them (one topic is one repeated value, not a column built per record).
+    ``typed``: the values are a Schema Registry converter's, whose text forms typed columns parse
+    (:mod:`.typed_values`).
     """
     if not unknown_ok:
         names = {f.name for f in schema.fields}
@@ -361,8 +364,25 @@ def to_arrow(schema: Schema, records: Sequence[SinkRecord], values: Sequence[dic
             col: list[Any] = [getattr(r, f.name[2:]) for r in records]  # another column type: checked as values are
         else:
             col = list(map(dict.get, values, repeat(f.name, n)))
+            if typed:
+                col = _typed(records, col, f)
         arrays.append(_convert(records, col, f, af.type))
     return pa.Table.from_arrays(arrays, schema=arrow_schema)
 
 
 _MISSING = object()
+
+
+def _typed(records: Sequence[SinkRecord], col: list[Any], field: NestedField) -> list[Any]:
+    """The column's registry-converted values as its type takes them, or a RecordError naming the first that is not."""
+    try:
+        return convert_column(col, field.field_type)
+    except (ValueError, TypeError, AttributeError) as exc:
+        def bad(x: Any) -> bool:
+            try:
+                convert_column([x], field.field_type)
+                return False
+            except (ValueError, TypeError, AttributeError):
+                return True
+
+        raise _locate(records, col, field.name, f"{{value}} is not a value of column type {field.field_type} ({exc})", bad) from None
