@@ -179,3 +179,32 @@ def test_an_incompatible_avro_change_fails_the_iceberg_task_naming_subject_versi
         assert words in trace, (words, trace)
     assert ids(catalog, unique) == [1], "nothing of the incompatible version is written"
     assert len(catalog.load_table(f"eosink_typed.{unique}").schemas()) == 1, "the table is unchanged"
+
+
+def test_json_schema_fields_map_to_iceberg_types_and_a_text_that_is_no_decimal_is_a_record_error() -> None:
+    """Pure functions: the JSON Schema mapping, and a text that is no decimal named as a bad record, not a crash."""
+    import json
+
+    from eosink.connectors.api.errors import RecordError
+    from eosink.connectors.api.records import SinkRecord
+    from eosink.connectors.api.schemas import WriterSchema
+    from eosink.connectors.iceberg import arrow as ia
+    from eosink.connectors.iceberg import schema_types as ist
+
+    doc = {"type": "object", "required": ["id", "at"], "properties": {
+        "id": {"type": "integer"}, "at": {"type": "string", "format": "date-time"},
+        "ref": {"type": ["string", "null"], "format": "uuid"}, "score": {"type": "number"}, "doc": {"type": "object"}}}
+    fields = ist.fields_of(WriterSchema(3, "jsonschema", json.dumps(doc)))
+    assert fields is not None
+    assert {n: (str(f.type), f.nullable) for n, f in fields.items()} == {
+        "id": ("long", False), "at": ("timestamptz", False), "ref": ("uuid", True), "score": ("double", True),
+        "doc": ("string", True)}
+    order = ist.fields_of(WriterSchema(4, "avro", json.dumps(ORDER_V1)))
+    assert order is not None
+    schema = ist.table_schema(order.values(), ia.KAFKA_FIELDS)
+    recs = [SinkRecord("t", 0, n, None, {"id": n, "amount": a}, None) for n, a in enumerate(["1.50", "1.5x"])]
+    with pytest.raises(RecordError) as err:
+        ia.to_arrow(schema, recs, [r.value for r in recs], True, typed=True)
+    assert "t[0]@1" in str(err.value) and "'amount'" in str(err.value) and "'1.5x'" in str(err.value), str(err.value)
+    table = ia.to_arrow(schema, recs[:1], [recs[0].value], True, typed=True)
+    assert table.column("amount").to_pylist() == [decimal.Decimal("1.50")]

@@ -26,6 +26,10 @@ object / array     string (JSON)     same as string
 A column of another type (a table created by someone else: int, float, date, timestamp,
 decimal, struct, list, ...) gets what pyarrow converts strictly: ints into int columns with a range
 check, strings parsed into dates/timestamps/decimals, objects into structs.
+
+Records read with a Schema Registry converter carry their writer's schema: their tables are typed
+from it (:mod:`.schema_types`), and their values' text forms are turned back into the columns' types
+first (``typed=True``, :mod:`.typed_values`).
 """
 
 from __future__ import annotations
@@ -377,12 +381,12 @@ def _typed(records: Sequence[SinkRecord], col: list[Any], field: NestedField) ->
     """The column's registry-converted values as its type takes them, or a RecordError naming the first that is not."""
     try:
         return convert_column(col, field.field_type)
-    except (ValueError, TypeError, AttributeError) as exc:
+    except (ValueError, TypeError, AttributeError, ArithmeticError) as exc:
         def bad(x: Any) -> bool:
             try:
                 convert_column([x], field.field_type)
                 return False
-            except (ValueError, TypeError, AttributeError):
+            except (ValueError, TypeError, AttributeError, ArithmeticError):
                 return True
 
         raise _locate(records, col, field.name, f"{{value}} is not a value of column type {field.field_type} ({exc})", bad) from None

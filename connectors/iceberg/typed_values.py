@@ -101,7 +101,7 @@ def converter(ftype: it.IcebergType) -> Convert | None:
 
 def convert_column(col: list[Any], ftype: it.IcebergType) -> list[Any]:
     """``col`` (one column's values of a batch, None for null) as ``ftype`` takes them; raises ValueError
-    (or TypeError) at the first value that is not of the form the converter writes."""
+    (or TypeError, or decimal's InvalidOperation) at the first value not of the form the converter writes."""
     conv = converter(ftype)
     if conv is None:
         return col
