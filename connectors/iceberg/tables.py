@@ -130,7 +130,7 @@ class Tables:
             new = sorted(ia.field_names(vals) - {f.name for f in table.schema().fields})
             fields = ia.infer_fields(recs, vals, new, self.kafka)
             if not fields:
-                return table, len(new) == 0
+                return table, True  # (what has no column yet is null in every record: a field none gives a value)
             try:
                 with itx.no_retry(table).update_schema() as upd:
                     for name, ftype in fields:
