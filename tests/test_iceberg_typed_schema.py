@@ -125,6 +125,22 @@ def test_avro_decimal_and_timestamp_fields_create_decimal_and_timestamptz_iceber
     assert got["at"] == datetime.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=datetime.UTC)
 
 
+def test_protobuf_scalar_fields_create_required_typed_iceberg_columns_with_exact_values(
+        registry: RegistryServer, stack, make_topic, unique, catalog: Catalog, tmp_path) -> None:
+    from tests.restkit import produce
+    from tests.test_schema_registry import serializer
+
+    topic = make_topic(1)
+    encode = serializer("protobuf", registry.url, topic)  # shop.Order: int64 id, string name, double amount, bytes blob
+    produce(stack.kafka_bootstrap, topic, [(0, encode(i)) for i in range(20)])
+    config = {**iceberg_connector(stack, registry.url, topic, unique), "value.converter": CLASSES["protobuf"]}
+    deliver(stack, unique, config, lambda: ids(catalog, unique), 20, tmp_path)
+    assert columns(catalog, unique)[:4] == [("id", "long", True), ("name", "string", True), ("amount", "double", True),
+                                            ("blob", "binary", True)]
+    got = next(r for r in rows(catalog, unique) if r["id"] == 7)
+    assert (got["name"], got["amount"], got["blob"]) == ("n7", 7.5, bytes([7, 0, 255]))
+
+
 def test_a_new_optional_avro_field_adds_its_iceberg_column_exactly_once_with_two_workers_delivering(
         registry: RegistryServer, stack, make_topic, unique, catalog: Catalog, tmp_path) -> None:
     from tests.procs import register, wait_until
