@@ -408,6 +408,16 @@ def test_new_fields_become_columns_and_old_rows_read_null(local: Target, unique:
     assert {r["score"] for r in rows} == {None, 2.5, 1.0}
 
 
+def test_a_new_field_null_in_every_record_of_its_batch_gets_no_column_and_fails_nothing(local: Target, unique: str) -> None:
+    table = local.config["iceberg.table"]
+    sink = local.sink(unique)
+    sink.commit(prepare(sink, f"{unique}.w.1.1", records("orders", 2)).txn_id)
+    more = records("orders", 2, first=10, value=lambda i: {"id": 100 + i, "coupon": None})
+    sink.commit(prepare(sink, f"{unique}.w.1.2", more).txn_id)
+    assert [r["id"] for r in local.rows(table)] == [0, 100, 1, 101]
+    assert "coupon" not in local.reader.load_table(table).schema().column_names
+
+
 def test_undecoded_values_are_parsed_into_the_table_and_a_batch_the_parse_declines_is_decoded(local: Target, unique: str) -> None:
     """As the worker hands them over (values left undecoded: the sink reads the bytes): the first
     batch creates the table (decoded, checked path), the second is parsed without decoding a value,

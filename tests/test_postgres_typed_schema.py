@@ -13,6 +13,7 @@ import decimal
 import json
 import urllib.request
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -94,16 +95,23 @@ def columns(pg, table: str) -> list[tuple[str, str, bool]]:
 
 def deliver_all(stack, registry: RegistryServer, unique: str, topic: str, fmt: str, count: int, pg, tmp_path) -> None:
     """One worker delivers the topic's ``count`` records into table ``unique``; each id must be there once."""
-    from tests.procs import WorkerProcess, register, wait_until
     from tests.restkit import pg_ids
 
-    register(stack.zookeeper_hosts, unique, unique.replace("_", "-"), connector(fmt, registry.url, topic, unique))
+    deliver(stack, unique, connector(fmt, registry.url, topic, unique), lambda: pg_ids(pg, unique), count, tmp_path)
+
+
+def deliver(stack, unique: str, config: dict[str, str], delivered: Callable[[], list[int]], count: int, tmp_path) -> None:
+    """One worker delivers ``count`` records through connector ``config``; ``delivered()`` (the ids in the
+    sink) must then hold each id once."""
+    from tests.procs import WorkerProcess, register, wait_until
+
+    register(stack.zookeeper_hosts, unique, unique.replace("_", "-"), config)
     w = WorkerProcess(stack, unique, "w1", tmp_path)
     try:
-        wait_until(lambda: len(pg_ids(pg, unique)) >= count, 90, f"{count} rows")
+        wait_until(lambda: len(delivered()) >= count, 120, f"{count} rows")
     finally:
         assert w.stop() == 0, w.log_text()[-3000:]
-    assert sorted(pg_ids(pg, unique)) == list(range(count)), "not every record exactly once"
+    assert sorted(delivered()) == list(range(count)), "not every record exactly once"
 
 
 def prepared(pg, connector_name: str) -> list[str]:
@@ -181,6 +189,42 @@ def _compatibility_none(url: str, subject: str) -> None:
         assert resp.status == 200
 
 
+def incompatible_versions(url: str, topic: str, change: str) -> tuple[bytes, bytes, list[int]]:
+    """A record of ORDER_V1 and one of a version the table of v1 cannot take (``change``: ``type``, ``required``
+    or ``removed``), each registering its version under ``<topic>-value``; and their schema ids."""
+    first = avro(url, topic, ORDER_V1)({"id": 1, "amount": decimal.Decimal("1.50")})  # registers version 1
+    _compatibility_none(url, f"{topic}-value")
+    if change == "type":
+        schema = {**ORDER_V1, "fields": [ORDER_V1["fields"][0], {"name": "amount", "type": "string"}]}
+        second = avro(url, topic, schema)({"id": 2, "amount": "a lot"})
+    elif change == "required":
+        schema = {**ORDER_V1, "fields": [*ORDER_V1["fields"], {"name": "region", "type": "string"}]}
+        second = avro(url, topic, schema)({"id": 2, "amount": decimal.Decimal("2.50"), "region": "eu"})
+    else:
+        schema = {**ORDER_V1, "fields": ORDER_V1["fields"][:1]}
+        second = avro(url, topic, schema)({"id": 2})
+    return first, second, [int.from_bytes(v[1:5], "big") for v in (first, second)]
+
+
+def trace_of_failure(stack, unique: str, topic: str, config: dict[str, str], first: bytes, second: bytes,
+                     delivered: Callable[[], list[int]], tmp_path) -> str:
+    """One worker delivers ``first``, then meets ``second``: the failed task's trace."""
+    from tests.procs import wait_until
+    from tests.restkit import call, produce, start_worker
+
+    produce(stack.kafka_bootstrap, topic, [(0, first)])
+    w = start_worker(stack, unique, "w1", tmp_path)
+    status = f"/connectors/{unique}/status"
+    try:
+        call(w.url, "POST", "/connectors", {"name": unique, "config": config})
+        wait_until(lambda: delivered() == [1], 90, "the v1 record")
+        produce(stack.kafka_bootstrap, topic, [(0, second)])
+        wait_until(lambda: call(w.url, "GET", status)[1]["connector"]["state"] == "FAILED", 90, "the task to fail")
+        return str(call(w.url, "GET", status)[1]["tasks"][0]["trace"])
+    finally:
+        w.stop()
+
+
 @pytest.mark.parametrize("change, field", [
     ("type", "amount"),  # amount: decimal -> string, which its numeric column cannot take
     ("required", "region"),  # a new field neither nullable nor with a default
@@ -188,36 +232,13 @@ def _compatibility_none(url: str, subject: str) -> None:
 ])
 def test_an_incompatible_avro_change_fails_the_task_naming_subject_versions_and_field(
         registry: RegistryServer, stack, make_topic, unique, pg, tmp_path, change: str, field: str) -> None:
-    from tests.procs import wait_until
-    from tests.restkit import call, pg_ids, produce, start_worker
+    from tests.restkit import pg_ids
 
     topic = make_topic(1)
     subject = f"{topic}-value"
-    v1 = avro(registry.url, topic, ORDER_V1)
-    first = v1({"id": 1, "amount": decimal.Decimal("1.50")})  # registers version 1
-    _compatibility_none(registry.url, subject)
-    if change == "type":
-        schema = {**ORDER_V1, "fields": [ORDER_V1["fields"][0], {"name": "amount", "type": "string"}]}
-        second = avro(registry.url, topic, schema)({"id": 2, "amount": "a lot"})
-    elif change == "required":
-        schema = {**ORDER_V1, "fields": [*ORDER_V1["fields"], {"name": "region", "type": "string"}]}
-        second = avro(registry.url, topic, schema)({"id": 2, "amount": decimal.Decimal("2.50"), "region": "eu"})
-    else:
-        schema = {**ORDER_V1, "fields": ORDER_V1["fields"][:1]}
-        second = avro(registry.url, topic, schema)({"id": 2})
-    ids = [int.from_bytes(v[1:5], "big") for v in (first, second)]
-    produce(stack.kafka_bootstrap, topic, [(0, first)])
-    w = start_worker(stack, unique, "w1", tmp_path)
-    status = f"/connectors/{unique}/status"
-    try:
-        call(w.url, "POST", "/connectors", {"name": unique, "config": connector("avro", registry.url, topic, unique,
-                                                                               **{"connection.url": stack.postgres_dsn})})
-        wait_until(lambda: pg_ids(pg, unique) == [1], 60, "the v1 record")
-        produce(stack.kafka_bootstrap, topic, [(0, second)])
-        wait_until(lambda: call(w.url, "GET", status)[1]["connector"]["state"] == "FAILED", 60, "the task to fail")
-        trace = call(w.url, "GET", status)[1]["tasks"][0]["trace"]
-    finally:
-        w.stop()
+    first, second, ids = incompatible_versions(registry.url, topic, change)
+    config = connector("avro", registry.url, topic, unique, **{"connection.url": stack.postgres_dsn})
+    trace = trace_of_failure(stack, unique, topic, config, first, second, lambda: pg_ids(pg, unique), tmp_path)
     for words in (f"subject '{subject}' version 2 (schema id {ids[1]})", f"version 1 (schema id {ids[0]})",
                   f"'{field}'", "FatalError"):
         assert words in trace, (words, trace)

@@ -26,6 +26,10 @@ object / array     string (JSON)     same as string
 A column of another type (a table created by someone else: int, float, date, timestamp,
 decimal, struct, list, ...) gets what pyarrow converts strictly: ints into int columns with a range
 check, strings parsed into dates/timestamps/decimals, objects into structs.
+
+Records read with a Schema Registry converter carry their writer's schema: their tables are typed
+from it (:mod:`.schema_types`), and their values' text forms are turned back into the columns' types
+first (``typed=True``, :mod:`.typed_values`).
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from pyiceberg.types import (
 
 from eosink.connectors.api.errors import ConfigError, RecordError
 from eosink.connectors.api.records import SinkRecord
+from eosink.connectors.iceberg.typed_values import convert_column
 
 COMPONENT = "iceberg"
 #: Columns carrying the Kafka coordinates (``fields.kafka``).
@@ -331,12 +336,14 @@ def kafka_column_built(field: NestedField) -> bool:
 
 
 def to_arrow(schema: Schema, records: Sequence[SinkRecord], values: Sequence[dict[str, Any]], kafka: bool,
-             unknown_ok: bool = False, topics: set[str] | None = None) -> pa.Table:
+             unknown_ok: bool = False, topics: set[str] | None = None, typed: bool = False) -> pa.Table:
     """An Arrow table with exactly the table's columns, or a RecordError before anything is written.
 
     A value field the table has no column for is refused (``unknown_ok`` is for callers that
     evolved the schema and know every field has a column now). ``topics``: the batch's topics, when
     the caller already knows them (one topic is one repeated value, not a column built per record).
+    ``typed``: the values are a Schema Registry converter's, whose text forms typed columns parse
+    (:mod:`.typed_values`).
     """
     if not unknown_ok:
         names = {f.name for f in schema.fields}
@@ -361,8 +368,25 @@ def to_arrow(schema: Schema, records: Sequence[SinkRecord], values: Sequence[dic
             col: list[Any] = [getattr(r, f.name[2:]) for r in records]  # another column type: checked as values are
         else:
             col = list(map(dict.get, values, repeat(f.name, n)))
+            if typed:
+                col = _typed(records, col, f)
         arrays.append(_convert(records, col, f, af.type))
     return pa.Table.from_arrays(arrays, schema=arrow_schema)
 
 
 _MISSING = object()
+
+
+def _typed(records: Sequence[SinkRecord], col: list[Any], field: NestedField) -> list[Any]:
+    """The column's registry-converted values as its type takes them, or a RecordError naming the first that is not."""
+    try:
+        return convert_column(col, field.field_type)
+    except (ValueError, TypeError, AttributeError, ArithmeticError) as exc:
+        def bad(x: Any) -> bool:
+            try:
+                convert_column([x], field.field_type)
+                return False
+            except (ValueError, TypeError, AttributeError, ArithmeticError):
+                return True
+
+        raise _locate(records, col, field.name, f"{{value}} is not a value of column type {field.field_type} ({exc})", bad) from None

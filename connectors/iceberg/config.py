@@ -48,8 +48,12 @@ CONFIG = (
     .define("iceberg.commit.attempts", Type.INT, 3, "Attempts per commit when another writer committed first; each one "
             "re-reads the table and re-checks the fence and the txn id.", validator=at_least(1))
     .define("iceberg.fsync", Type.BOOLEAN, True, "fsync data files and markers on a local (file://) warehouse.")
-    .define("auto.create", Type.BOOLEAN, True, "Create a missing namespace/table from the batch's JSON types.")
-    .define("auto.evolve", Type.BOOLEAN, True, "Add an optional column for a new non-null field; off: such a record is a RecordError.")
+    .define("auto.create", Type.BOOLEAN, True, "Create a missing namespace/table: columns typed from the writer's schema "
+            "with an Avro, Protobuf or JSON Schema value.converter (docs/connectors/schema-registry.md), else from the "
+            "batch's JSON types.")
+    .define("auto.evolve", Type.BOOLEAN, True, "Add an optional column for a new non-null field; with a Schema Registry "
+            "value.converter, compare each new schema version with the table first (add its optional fields, promote "
+            "int/float/decimal columns, fail the task on a change the table cannot take). Off: such a record is a RecordError.")
     .define("fields.kafka", Type.BOOLEAN, True, "Add required columns __topic string, __partition int, __offset long.")
     .define("s3.endpoint", Type.STRING, None,
             "S3 endpoint URL (MinIO, another S3-compatible server; unset for AWS); passed to pyiceberg's FileIO.")

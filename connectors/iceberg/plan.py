@@ -62,11 +62,16 @@ def plan_tables(connector: str, manifest: TxnManifest, records: list[SinkRecord]
             table: Table | None = tables.load(ident)
         except NoSuchTableError:
             table = None
+        # Records of a Schema Registry converter carry their writer's schema: a version not yet compared
+        # with the table evolves it first; their values are the converter's text forms (typed=True).
+        typed = bool(tables.typed(recs))
+        if typed and table is not None:
+            table = tables.evolve_typed(ident, recs, table)
         c0 = time.perf_counter()
-        arrow = jsonarrow.from_json(table.schema(), recs, kafka, topics) if table is not None else None
+        arrow = jsonarrow.from_json(table.schema(), recs, kafka, topics) if table is not None and not typed else None
         if arrow is None:
             vals = ia.check_values(recs) if vals is None else vals
-            arrow = _as_is(table, recs, vals, topics, kafka) if table is not None else None
+            arrow = _as_is(table, recs, vals, topics, kafka, typed) if table is not None else None
         c1 = l1 = time.perf_counter()
         complete = arrow is not None
         if table is None or arrow is None:
@@ -76,7 +81,7 @@ def plan_tables(connector: str, manifest: TxnManifest, records: list[SinkRecord]
         l2 = time.perf_counter()
         if arrow is None:
             assert vals is not None
-            arrow = ia.to_arrow(table.schema(), recs, vals, kafka, unknown_ok=complete, topics=topics)
+            arrow = ia.to_arrow(table.schema(), recs, vals, kafka, unknown_ok=complete, topics=topics, typed=typed)
         out.convert_ms += (c1 - c0 + time.perf_counter() - l2) * 1000
         out.load_ms += (c0 - l0 + l2 - l1) * 1000
         data_path = load_location_provider(table.metadata.location, table.metadata.properties).data_path
@@ -85,7 +90,8 @@ def plan_tables(connector: str, manifest: TxnManifest, records: list[SinkRecord]
     return out
 
 
-def _as_is(table: Table, recs: list[SinkRecord], vals: list[dict[str, Any]], topics: set[str], kafka: bool) -> pa.Table | None:
+def _as_is(table: Table, recs: list[SinkRecord], vals: list[dict[str, Any]], topics: set[str], kafka: bool,
+           typed: bool) -> pa.Table | None:
     """The batch as Arrow for ``table`` as it is, when every field already has a column there and
     every value fits; else None, and the caller takes the full path (create or evolve the table,
     then convert), whose result and errors are then exactly those of a batch that never tried.
@@ -95,7 +101,7 @@ def _as_is(table: Table, recs: list[SinkRecord], vals: list[dict[str, Any]], top
     record's keys that evolution needs (~3 ms per 50,000 records).
     """
     try:
-        arrow = ia.to_arrow(table.schema(), recs, vals, kafka, unknown_ok=True, topics=topics)
+        arrow = ia.to_arrow(table.schema(), recs, vals, kafka, unknown_ok=True, topics=topics, typed=typed)
     except Exception:  # noqa: BLE001 - the full path judges (and names) the batch again
         return None
     return arrow if ia.all_fields_have_columns(arrow, vals, kafka) else None

@@ -35,7 +35,8 @@ in SQL catalogs, so each table commits on its own. A failed commit is retried (i
 table) until every table has it: every record lands exactly once, but for a moment a reader can see
 one topic's rows of a txn before another's. One table per connector keeps txns atomic.
 
-**Rows**: every value field is a column (see :mod:`eosink.connectors.iceberg.arrow` for the types), plus
+**Rows**: every value field is a column (see :mod:`eosink.connectors.iceberg.arrow` for the types of JSON
+values, :mod:`eosink.connectors.iceberg.schema_types` for those typed from a registered schema), plus
 ``__topic``, ``__partition``, ``__offset`` (``fields.kafka``), so duplicates are findable with
 ``GROUP BY __topic, __partition, __offset HAVING count(*) > 1``.
 

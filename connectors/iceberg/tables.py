@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 from pyiceberg.catalog import Catalog, load_catalog
@@ -21,7 +22,10 @@ from sqlalchemy.orm import Session
 
 from eosink.connectors.api.errors import FatalError, RetryableError
 from eosink.connectors.api.records import SinkRecord
+from eosink.connectors.api.schemas import WriterSchema
+from eosink.connectors.common.schema_walk import incompatible
 from eosink.connectors.iceberg import arrow as ia
+from eosink.connectors.iceberg import schema_types as ist
 from eosink.connectors.iceberg import txn as itx
 
 log = logging.getLogger("eosink.connectors.iceberg.sink")
@@ -70,6 +74,9 @@ class Tables:
         self.known: set[str] = set()  # every table this sink has touched (a commit without marker looks there)
         self._catalog: Catalog | None = None
         self._latest: dict[str, Table] = {}
+        self._fields: dict[WriterSchema, ist.Fields | None] = {}  # per schema id (one object each): its columns
+        self._verified: dict[str, set[WriterSchema]] = {}  # per table: the schemas compared with it
+        self._last_schema: dict[str, WriterSchema] = {}  # per table: the last schema it matched, for messages
 
     def catalog(self) -> Catalog:
         if self._catalog is None:
@@ -116,13 +123,14 @@ class Tables:
                 table = self.load(ident)
             except NoSuchTableError:
                 table = self._create(ident, recs, vals)
+        table = self.evolve_typed(ident, recs, table)
         if not self.auto_evolve:
             return table, False
         for _ in range(self.attempts):
             new = sorted(ia.field_names(vals) - {f.name for f in table.schema().fields})
             fields = ia.infer_fields(recs, vals, new, self.kafka)
             if not fields:
-                return table, len(new) == 0
+                return table, True  # (what has no column yet is null in every record: a field none gives a value)
             try:
                 with itx.no_retry(table).update_schema() as upd:
                     for name, ftype in fields:
@@ -138,11 +146,91 @@ class Tables:
             raise FatalError(f"table {ident} does not exist and auto.create is off", component=itx.COMPONENT) from None
         first = list(vals[0]) if vals else []
         names = first + sorted(ia.field_names(vals) - set(first))  # the records' own field order first
-        schema = ia.new_schema(ia.infer_fields(recs, vals, names, self.kafka), self.kafka)
+        typed = self.typed(recs)[:1]  # the first schema's columns; evolve_typed adds the batch's later ones
+        if typed:
+            fields = typed[0][1]
+            self._check_names(fields, typed[0][0])
+            inferred = ia.infer_fields(recs, vals, [n for n in names if n not in fields], self.kafka)  # fields no schema names
+            schema = ist.table_schema([*fields.values(), *(ist.FieldType(n, t, True, True, "") for n, t in inferred)],
+                                      ia.KAFKA_FIELDS if self.kafka else ())
+        else:
+            schema = ia.new_schema(ia.infer_fields(recs, vals, names, self.kafka), self.kafka)
         spec = ia.partition_spec(self.partition_fields, schema)
         cat = self.catalog()
         ensure_namespace(cat, ident.rsplit(".", 1)[0])
         table = cat.create_table_if_not_exists(ident, schema=schema, partition_spec=spec, properties=self.table_props)
         self.remember(ident, table)
-        log.info("created Iceberg table %s at %s", ident, table.location())
+        log.info("created Iceberg table %s at %s%s", ident, table.location(), f" from {typed[0][0].describe()}" if typed else "")
+        if typed:
+            self._verified[ident], self._last_schema[ident] = {typed[0][0]}, typed[0][0]
         return table
+
+    # -- typed from the writer's schema ---------------------------------------------------------
+    def typed(self, recs: Sequence[SinkRecord]) -> list[tuple[WriterSchema, ist.Fields]]:
+        """The distinct writer's schemas of ``recs`` that give column types, in the order first met, with
+        their columns (derived once per schema). One C pass over the batch; empty for JSON."""
+        if not recs or (recs[0].value_schema is None and recs[-1].value_schema is None):
+            return []
+        out = []
+        for schema in dict.fromkeys(map(attrgetter("value_schema"), recs)):
+            if schema is None:
+                continue
+            if schema not in self._fields:
+                self._fields[schema] = ist.fields_of(schema)
+            fields = self._fields[schema]
+            if fields is not None:
+                out.append((schema, fields))
+        return out
+
+    def evolve_typed(self, ident: str, recs: Sequence[SinkRecord], table: Table) -> Table:
+        """auto.evolve from schema versions: each schema of the batch not checked yet is compared with the
+        table; new optional fields are added, promotions Iceberg allows made, columns a field may now leave
+        null made optional - one ``update_schema()`` commit of the catalog's optimistic concurrency, before
+        any file of the txn is written: of workers adding the same column, one commits, the others'
+        commits conflict, re-read the table and find it there. A change the table cannot take stops the
+        task (:meth:`_incompatible`) before any row of that version is written."""
+        if not self.auto_evolve:
+            return table
+        done = self._verified.setdefault(ident, set())
+        exempt = ia.KAFKA_NAMES if self.kafka else frozenset()
+        for schema, fields in self.typed(recs):
+            if schema in done:
+                continue
+            for _ in range(self.attempts + 1):
+                found = ist.compare(table.schema(), fields, exempt, ident)
+                if found.conflicts:
+                    raise self._incompatible(ident, recs[0].topic, schema, found.conflicts)
+                if not found.changes:
+                    break
+                self._check_names({f.name: f for f in found.add}, schema)
+                try:
+                    with itx.no_retry(table).update_schema() as upd:
+                        for ft in found.add:
+                            upd.add_column(ft.name, ft.type)  # optional: rows already there have no value
+                        for name, ftype in found.promote:
+                            upd.update_column(name, field_type=ftype)
+                        for name in found.relax:
+                            upd.make_column_optional(name)
+                    log.info("evolved %s for %s: added %s, promoted %s, made optional %s", ident, schema.describe(),
+                             [f.name for f in found.add], found.promote, found.relax)
+                except CommitFailedException:
+                    pass  # another worker changed the table first: re-read it and compare again
+                table = self.load(ident)
+            else:
+                raise RetryableError(f"schema of {ident} kept changing while evolving it for {schema.describe()}",
+                                     component=itx.COMPONENT)
+            done.add(schema)
+            self._last_schema[ident] = schema
+        return table
+
+    def _incompatible(self, ident: str, topic: str, schema: WriterSchema, conflicts: list[tuple[str, str]]) -> FatalError:
+        """The task stops: rows of this schema would fail, be cut, or leave a required column empty."""
+        return FatalError(incompatible(schema, topic, self._last_schema.get(ident), f"Iceberg table {ident}", conflicts,
+                                       "Alter the table (e.g. with Spark's ALTER TABLE)"), component=itx.COMPONENT)
+
+    def _check_names(self, fields: Mapping[str, Any], schema: WriterSchema) -> None:
+        """A schema field named like a Kafka coordinate column would be overwritten by it."""
+        clash = sorted(set(fields) & ia.KAFKA_NAMES) if self.kafka else []
+        if clash:
+            raise FatalError(f"field '{clash[0]}' of {schema.describe()} collides with a Kafka coordinate column "
+                             "(set fields.kafka=false to use it)", component=itx.COMPONENT)

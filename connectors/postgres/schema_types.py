@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eosink.connectors.api.schemas import WriterSchema
+from eosink.connectors.common.schema_walk import SchemaField, avro_resolve, json_kinds, json_source, record_fields
 from eosink.connectors.postgres.schema import GENERATED, Table
 
 _AVRO_PRIMITIVES: dict[str, tuple[str, str]] = {
@@ -80,26 +81,17 @@ Columns = dict[str, FieldColumn]
 
 
 def columns_of(schema: WriterSchema) -> Columns | None:
-    """The columns of a record schema's fields; None for a schema this module does not type (Protobuf,
-    a value that is no record/object), whose values keep the JSON inference."""
-    if schema.format == "avro":
-        doc = schema.document
-        if not isinstance(doc, dict) or doc.get("type") != "record":
-            return None
-        named: dict[str, Any] = {}
-        _avro_names(doc, doc.get("namespace"), named)
-        fields = (_avro_field(f, named) for f in doc.get("fields", ()))
+    """The columns of a record schema's fields; None for a schema this module does not type (Protobuf
+    of several messages, a value that is no record/object), whose values keep the JSON inference."""
+    found = record_fields(schema)
+    if found is None:
+        return None
+    if found.format == "avro":
+        fields = (_avro_field(f, found.named) for f in found.fields)
         return {fc.name: fc for fc in fields if fc.sqltype != "null"}  # a field always null has no column
-    if schema.format == "jsonschema":
-        doc = schema.document
-        if not isinstance(doc, dict) or doc.get("type") != "object" or not isinstance(doc.get("properties"), dict):
-            return None
-        required = set(doc.get("required") or ())
-        return {name: _json_field(name, sub if isinstance(sub, dict) else {}, name in required)
-                for name, sub in doc["properties"].items()}
-    if schema.format == "protobuf" and schema.parsed is not None and len(schema.parsed.message_type) == 1:
-        return {f.name: _proto_field(f) for f in schema.parsed.message_type[0].field}
-    return None
+    if found.format == "jsonschema":
+        return {f.name: _json_field(f) for f in found.fields}
+    return {f.name: _proto_field(f) for f in found.fields}
 
 
 #: FieldDescriptorProto.Type -> column: unsigned 64-bit integers need numeric(20,0), unsigned 32-bit a bigint.
@@ -113,48 +105,20 @@ _PROTO_TYPES: dict[int, tuple[str, str, str]] = {
 }
 
 
-def _proto_field(f: Any) -> FieldColumn:
-    if f.label == 3:  # repeated, maps too: a list or an object
-        return FieldColumn(f.name, "jsonb", "jsonb", False, True, "repeated")
-    sqltype, typname, source = _PROTO_TYPES.get(f.type, ("jsonb", "jsonb", f"type {f.type}"))
-    return FieldColumn(f.name, sqltype, typname, f.type == 11, f.label != 2, source)
+def _proto_field(f: SchemaField) -> FieldColumn:
+    if f.type.label == 3:  # repeated, maps too: a list or an object
+        return FieldColumn(f.name, "jsonb", "jsonb", f.nullable, f.defaulted, "repeated")
+    sqltype, typname, source = _PROTO_TYPES.get(f.type.type, ("jsonb", "jsonb", f"type {f.type.type}"))
+    return FieldColumn(f.name, sqltype, typname, f.nullable, f.defaulted, source)
 
 
-def _avro_names(t: Any, namespace: str | None, named: dict[str, Any]) -> None:
-    """Every named type (record, enum, fixed) defined in ``t``, by full and short name: fields may refer to them."""
-    if isinstance(t, list):
-        for branch in t:
-            _avro_names(branch, namespace, named)
-    elif isinstance(t, dict):
-        kind = t.get("type")
-        if kind in ("record", "error", "enum", "fixed") and isinstance(t.get("name"), str):
-            ns = t.get("namespace", namespace)
-            short = t["name"].rsplit(".", 1)[-1]
-            named[short] = t
-            named[t["name"] if "." in t["name"] or not ns else f"{ns}.{t['name']}"] = t
-            namespace = ns
-        for f in t.get("fields", ()) if kind in ("record", "error") else ():
-            _avro_names(f.get("type"), namespace, named)
-        for inner in ("items", "values"):
-            if inner in t:
-                _avro_names(t[inner], namespace, named)
-        if isinstance(kind, (dict, list)):
-            _avro_names(kind, namespace, named)
-
-
-def _avro_field(f: Mapping[str, Any], named: Mapping[str, Any]) -> FieldColumn:
-    t = f.get("type")
-    nullable = False
-    if isinstance(t, list):
-        branches = [b for b in t if b != "null"]
-        nullable = len(branches) < len(t)
-        t = branches[0] if len(branches) == 1 else (branches or "null")
-    sqltype, typname, source = _avro_type(t, named)
-    return FieldColumn(f["name"], sqltype, typname, nullable, "default" in f, source)
+def _avro_field(f: SchemaField, named: Mapping[str, Any]) -> FieldColumn:
+    sqltype, typname, source = _avro_type(f.type, named)
+    return FieldColumn(f.name, sqltype, typname, f.nullable, f.defaulted, source)
 
 
 def _avro_type(t: Any, named: Mapping[str, Any], depth: int = 0) -> tuple[str, str, str]:
-    """(sqltype, typname, how the schema names it) of one Avro type (never a nullable union: see _avro_field)."""
+    """(sqltype, typname, how the schema names it) of one Avro type (never a nullable union: see avro_unwrap)."""
     if isinstance(t, list):
         return ("jsonb", "jsonb", "a union") if t != "null" else ("null", "null", "null")
     if isinstance(t, str):
@@ -162,9 +126,8 @@ def _avro_type(t: Any, named: Mapping[str, Any], depth: int = 0) -> tuple[str, s
             return "null", "null", "null"
         if t in _AVRO_PRIMITIVES:
             return (*_AVRO_PRIMITIVES[t], t)
-        if t in named and depth < 8:
-            return _avro_type(named[t], named, depth + 1)
-        return "jsonb", "jsonb", t
+        resolved = avro_resolve(t, named)
+        return _avro_type(resolved, named, depth + 1) if resolved is not t and depth < 8 else ("jsonb", "jsonb", t)
     if not isinstance(t, dict):
         return "jsonb", "jsonb", str(t)
     kind, logical = t.get("type"), t.get("logicalType")
@@ -178,19 +141,16 @@ def _avro_type(t: Any, named: Mapping[str, Any], depth: int = 0) -> tuple[str, s
     return _avro_type(kind, named, depth + 1)
 
 
-def _json_field(name: str, sub: Mapping[str, Any], required: bool) -> FieldColumn:
-    kinds = sub.get("type")
-    kinds = [kinds] if isinstance(kinds, str) else list(kinds or [])
-    nullable = "null" in kinds or not required
-    kinds = [k for k in kinds if k != "null"]
+def _json_field(f: SchemaField) -> FieldColumn:
+    sub = f.type
+    kinds = [k for k in json_kinds(sub) if k != "null"]
     if len(kinds) != 1:
         sqltype, typname = "jsonb", "jsonb"
     elif kinds[0] == "string" and sub.get("format") in _JSON_FORMATS:
         sqltype, typname = _JSON_FORMATS[str(sub["format"])]
     else:
         sqltype, typname = _JSON_TYPES.get(kinds[0], ("jsonb", "jsonb"))
-    source = "/".join(kinds) + (f" ({sub['format']})" if sub.get("format") else "") if kinds else "any"
-    return FieldColumn(name, sqltype, typname, nullable, "default" in sub, source)
+    return FieldColumn(f.name, sqltype, typname, f.nullable, f.defaulted, json_source(sub))
 
 
 @dataclass(slots=True)

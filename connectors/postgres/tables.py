@@ -26,6 +26,7 @@ from eosink.connectors.api.errors import ConfigError, FatalError, RetryableError
 from eosink.connectors.api.records import SinkRecord
 from eosink.connectors.api.rows import row_of
 from eosink.connectors.api.schemas import WriterSchema
+from eosink.connectors.common.schema_walk import incompatible
 from eosink.connectors.postgres import copy as pgc
 from eosink.connectors.postgres import rejects as pgr
 from eosink.connectors.postgres import schema as pgs
@@ -352,15 +353,8 @@ class TableCache:
 
     def _incompatible(self, key: TableKey, topic: str, schema: WriterSchema, conflicts: list[tuple[str, str]]) -> FatalError:
         """The task stops: rows of this schema would fail, be cut or lose a NOT NULL column's value."""
-        subject = f"{topic}-value"
-        before = self._last_schema.get(key)
-        old = before.describe(subject) if before is not None and before is not schema else schema.previous(subject)
-        since = f" (the table matched {old})" if old else ""
-        return FatalError(
-            f"{schema.describe(subject)} of topic {topic} is incompatible with table {display(key)}{since}: "
-            + "; ".join(why for _, why in conflicts)
-            + ". Alter the table by hand, or register a compatible version; the task resumes from the same record "
-            "once restarted", component=pgr.COMPONENT)
+        return FatalError(incompatible(schema, topic, self._last_schema.get(key), f"table {display(key)}", conflicts,
+                                       "Alter the table by hand"), component=pgr.COMPONENT)
 
     def _check_schema_names(self, columns: Mapping[str, str], typed: Sequence[tuple[WriterSchema, Any]]) -> None:
         for name in columns:

@@ -3,7 +3,8 @@
 ``jsonl``: the record's JSON bytes as they were on the topic, one per line (values containing a
 line break are re-encoded compactly; non-JSON string values are JSON-quoted): the shared
 encoder in :mod:`eosink.connectors.common.jsonlines`. ``parquet``: one Parquet file per object,
-schema inferred by pyarrow over the whole batch (the union of the objects' fields), plus
+schema inferred by pyarrow over the whole batch (the union of the objects' fields), or typed from
+the writer's schema for a Schema Registry converter's records (:mod:`.typed`), plus
 ``__topic``, ``__partition`` and ``__offset`` columns.
 """
 
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from eosink.connectors.api.errors import RecordError
 from eosink.connectors.api.records import SinkRecord
 from eosink.connectors.common import jsonlines
+from eosink.connectors.s3.typed import typed_columns
 
 COMPONENT = "s3"
 KAFKA_COLUMNS = ("__topic", "__partition", "__offset")
@@ -34,7 +36,9 @@ def encode_parquet(records: list[SinkRecord]) -> bytes:
             raise RecordError("format=parquet needs JSON object values (one column per field)",
                               topic=r.topic, partition=r.partition, offset=r.offset, component=COMPONENT)
     try:
-        table = pa.Table.from_struct_array(pa.array([r.value for r in records]))  # infers over every record
+        table = typed_columns(records)  # typed from the writer's schema (a Schema Registry converter's records)
+        if table is None:
+            table = pa.Table.from_struct_array(pa.array([r.value for r in records]))  # infers over every record
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
         raise RecordError(f"no single Parquet schema fits the batch (offsets {first.offset}..{records[-1].offset}): {exc}",
                           topic=first.topic, partition=first.partition, offset=first.offset, component=COMPONENT) from None

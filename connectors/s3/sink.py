@@ -54,8 +54,10 @@ class S3Sink(TwoPhaseCommitSink):
                 "s3.endpoint.url signed by a private CA (MinIO or another S3 server with its own certificates): boto3's "
                 "verify, the AWS CLI's ca_bundle. Unset: the AWS_CA_BUNDLE environment variable, else the system's "
                 "trust store. Verification cannot be turned off.", Importance.MEDIUM)
-        .define("format", Type.STRING, "jsonl", "jsonl: the value bytes, one record per line. parquet: columns inferred "
-                "from the JSON objects, plus __topic, __partition, __offset.", Importance.HIGH, one_of("jsonl", "parquet"))
+        .define("format", Type.STRING, "jsonl", "jsonl: the value bytes, one record per line. parquet: columns typed from "
+                "the writer's schema with an Avro, Protobuf or JSON Schema value.converter (as the Iceberg sink's; needs "
+                "pyiceberg), else inferred from the JSON objects, plus __topic, __partition, __offset.", Importance.HIGH,
+                one_of("jsonl", "parquet"))
         .define("s3.part.size", Type.LONG, 8 * MIB, "Size of the parts of each object's multipart upload (uploaded in "
                 "parallel; S3's minimum part is 5 MiB, the last part may be smaller).", validator=at_least(5 * MIB))
         .define("s3.bucket.create", Type.BOOLEAN, True, "Create the bucket at start when it is missing.")

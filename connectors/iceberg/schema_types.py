@@ -1,0 +1,247 @@
+"""Iceberg columns from a record's registered schema (Avro, Protobuf, JSON Schema), and what a new version needs.
+
+Values read with a Schema Registry converter reach the sink as JSON-like values (a decimal as its
+text, a timestamp as ISO 8601 text, bytes as ``\\x`` hex): typed from those values, a decimal would
+become a string column. The writer's schema says what each field is, so ``auto.create`` makes the
+table from it (:func:`fields_of`, :func:`table_schema`), the values are turned back into their types
+(:mod:`.typed_values`), and ``auto.evolve`` compares each new version with the table
+(:func:`compare`): optional fields to add, promotions Iceberg allows, and the changes it cannot take.
+
+Avro maps fully, nested records, arrays and maps included (Iceberg structs, lists, maps). JSON
+Schema objects and arrays, Protobuf messages and repeated fields, and Avro unions of several types
+become string columns holding their JSON text (what the PostgreSQL sink makes ``jsonb``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyiceberg.schema import Schema
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FixedType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestampType,
+    TimestamptzType,
+    TimeType,
+    UUIDType,
+)
+
+from eosink.connectors.api.schemas import WriterSchema
+from eosink.connectors.common.schema_walk import (
+    MAX_DEPTH,
+    SchemaField,
+    avro_resolve,
+    avro_unwrap,
+    json_kinds,
+    json_source,
+    record_fields,
+)
+
+_AVRO_PRIMITIVES: dict[str, IcebergType] = {
+    "int": IntegerType(), "long": LongType(), "float": FloatType(), "double": DoubleType(), "boolean": BooleanType(),
+    "string": StringType(), "bytes": BinaryType(), "enum": StringType(),
+}
+_AVRO_LOGICAL: dict[str, IcebergType] = {
+    "timestamp-millis": TimestamptzType(), "timestamp-micros": TimestamptzType(),
+    "local-timestamp-millis": TimestampType(), "local-timestamp-micros": TimestampType(),
+    "date": DateType(), "time-millis": TimeType(), "time-micros": TimeType(), "uuid": UUIDType(),
+}
+_JSON_TYPES: dict[str, IcebergType] = {"integer": LongType(), "number": DoubleType(), "boolean": BooleanType(),
+                                       "string": StringType()}
+_JSON_FORMATS: dict[str, IcebergType] = {"date-time": TimestamptzType(), "date": DateType(), "uuid": UUIDType()}
+#: FieldDescriptorProto.Type -> column: unsigned 64-bit integers need decimal(20,0); messages are JSON text.
+_PROTO_TYPES: dict[int, tuple[IcebergType, str]] = {
+    1: (DoubleType(), "double"), 2: (FloatType(), "float"), 3: (LongType(), "int64"), 4: (DecimalType(20, 0), "uint64"),
+    5: (IntegerType(), "int32"), 6: (DecimalType(20, 0), "fixed64"), 7: (LongType(), "fixed32"), 8: (BooleanType(), "bool"),
+    9: (StringType(), "string"), 11: (StringType(), "message"), 12: (BinaryType(), "bytes"), 13: (LongType(), "uint32"),
+    14: (StringType(), "enum"), 15: (IntegerType(), "sfixed32"), 16: (LongType(), "sfixed64"), 17: (IntegerType(), "sint32"),
+    18: (LongType(), "sint64"),
+}
+#: A column of the key's type takes values of the field's type without loss (no promotion needed).
+_WIDER: dict[type, tuple[type, ...]] = {IntegerType: (LongType,), FloatType: (DoubleType,)}
+
+
+@dataclass(frozen=True, slots=True)
+class FieldType:
+    """The column one schema field maps to."""
+
+    name: str
+    type: IcebergType
+    nullable: bool
+    defaulted: bool
+    source: str  # the field's type as the schema says it, for messages
+
+
+#: Columns of a schema's fields, by field name (in the schema's order).
+Fields = dict[str, FieldType]
+
+
+def fields_of(schema: WriterSchema) -> Fields | None:
+    """The columns of a record schema's fields; None for a schema that is not typed here (see
+    :func:`~eosink.connectors.common.schema_walk.record_fields`), whose values keep the JSON inference."""
+    found = record_fields(schema)
+    if found is None:
+        return None
+    ids = itertools.count(10_000)  # nested field ids: unique in the schema; the catalog assigns fresh ones
+    out: Fields = {}
+    for f in found.fields:
+        if found.format == "avro":
+            if f.type == "null":
+                continue  # a field always null has no column
+            ftype, source = _avro_type(f.type, found.named, ids)
+        elif found.format == "jsonschema":
+            ftype, source = _json_type(f), json_source(f.type)
+        else:
+            ftype, source = _proto_type(f)
+        out[f.name] = FieldType(f.name, ftype, f.nullable, f.defaulted, source)
+    return out
+
+
+def _proto_type(f: SchemaField) -> tuple[IcebergType, str]:
+    if f.type.label == 3:  # repeated, maps too: a list or an object, as JSON text
+        return StringType(), "repeated"
+    return _PROTO_TYPES.get(f.type.type, (StringType(), f"type {f.type.type}"))
+
+
+def _json_type(f: SchemaField) -> IcebergType:
+    kinds = [k for k in json_kinds(f.type) if k != "null"]
+    if len(kinds) == 1 and kinds[0] == "string" and f.type.get("format") in _JSON_FORMATS:
+        return _JSON_FORMATS[str(f.type["format"])]
+    return _JSON_TYPES.get(kinds[0], StringType()) if len(kinds) == 1 else StringType()
+
+
+def _avro_type(t: Any, named: Mapping[str, Any], ids: Iterator[int], depth: int = 0) -> tuple[IcebergType, str]:
+    """(Iceberg type, how the schema names it) of one Avro type without its null branch."""
+    t = avro_resolve(t, named)
+    if isinstance(t, list) or depth > MAX_DEPTH:
+        return StringType(), "a union"  # of several types: its JSON text
+    if isinstance(t, str):
+        return _AVRO_PRIMITIVES.get(t, StringType()), t
+    if not isinstance(t, dict):
+        return StringType(), str(t)
+    kind, logical = t.get("type"), t.get("logicalType")
+    if logical == "decimal" and kind in ("bytes", "fixed"):
+        p, s = int(t.get("precision", 0)), int(t.get("scale", 0))
+        return DecimalType(p, s), f"decimal({p},{s})"
+    if isinstance(logical, str) and logical in _AVRO_LOGICAL:
+        return _AVRO_LOGICAL[logical], logical
+    if kind == "fixed":
+        return FixedType(int(t["size"])), f"fixed({t['size']})"
+    if kind in ("record", "error"):
+        fields = []
+        for f in t.get("fields", ()):
+            inner, nullable = avro_unwrap(f.get("type"))
+            ftype = _avro_type(inner, named, ids, depth + 1)[0] if inner != "null" else StringType()
+            fields.append(NestedField(next(ids), f["name"], ftype, required=not nullable))
+        return StructType(*fields), f"record {t.get('name')}"
+    if kind == "array":
+        inner, nullable = avro_unwrap(t.get("items"))
+        return ListType(next(ids), _avro_type(inner, named, ids, depth + 1)[0], element_required=not nullable), "array"
+    if kind == "map":
+        inner, nullable = avro_unwrap(t.get("values"))
+        return (MapType(next(ids), StringType(), next(ids), _avro_type(inner, named, ids, depth + 1)[0],
+                        value_required=not nullable), "map")
+    if kind == "enum":
+        return StringType(), "enum"
+    return _avro_type(kind, named, ids, depth + 1)
+
+
+def table_schema(fields: Iterable[FieldType], kafka_fields: Iterable[tuple[str, IcebergType]]) -> Schema:
+    """A new table's schema: the schema's fields (required where they can never be null), then the Kafka
+    coordinates (required)."""
+    cols = [NestedField(i, f.name, f.type, required=not f.nullable) for i, f in enumerate(fields, 1)]
+    cols += [NestedField(len(cols) + i, n, t, required=True) for i, (n, t) in enumerate(kafka_fields, 1)]
+    return Schema(*cols)
+
+
+@dataclass(slots=True)
+class Comparison:
+    """What a schema needs of an existing table."""
+
+    #: Fields the table has no column for, which may be added (nullable, or with a default).
+    add: list[FieldType]
+    #: Columns to widen as Iceberg allows (int -> long, float -> double, a decimal's precision), with the new type.
+    promote: list[tuple[str, IcebergType]]
+    #: Required columns whose field may now be null: they become optional.
+    relax: list[str]
+    #: (field or column name, why) of every change the table cannot take.
+    conflicts: list[tuple[str, str]]
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.add or self.promote or self.relax)
+
+
+def compare(schema: Schema, fields: Fields, exempt: Iterable[str], display: str) -> Comparison:
+    """The changes ``fields`` needs of a table of ``schema``, and what conflicts: a column whose type cannot
+    take the field's values and which Iceberg cannot promote, a new field neither nullable nor defaulted
+    (rows already in the table have no value for it), a required column no field fills (``exempt``: the
+    Kafka coordinates)."""
+    out = Comparison([], [], [], [])
+    columns = {f.name: f for f in schema.fields}
+    for name, ft in fields.items():
+        col = columns.get(name)
+        if col is None:
+            if ft.nullable or ft.defaulted:
+                out.add.append(ft)
+            else:
+                out.conflicts.append((name, f"new field '{name}' is {ft.source}, neither nullable nor with a default: "
+                                            f"the rows already in {display} have no value for it"))
+            continue
+        if not takes(col.field_type, ft.type):
+            promoted = _promotion(col.field_type, ft.type)
+            if promoted is None:
+                out.conflicts.append((name, f"field '{name}' is {ft.source} ({ft.type}) but column '{name}' of {display} is "
+                                            f"{col.field_type}, which cannot take its values and Iceberg cannot promote to it"))
+            else:
+                out.promote.append((name, promoted))
+        if col.required and ft.nullable:
+            out.relax.append(name)
+    skip = set(exempt)
+    for name, col in columns.items():
+        if col.required and name not in fields and name not in skip:
+            out.conflicts.append((name, f"column '{name}' of {display} is required, and the schema has no field '{name}' to fill it"))
+    return out
+
+
+def takes(column: IcebergType, field: IcebergType) -> bool:
+    """Whether a column of type ``column`` holds every value of ``field`` exactly (field ids aside)."""
+    if isinstance(column, DecimalType) and isinstance(field, DecimalType):
+        return column.scale == field.scale and column.precision >= field.precision
+    if isinstance(column, StructType) and isinstance(field, StructType):
+        have = {f.name: f for f in column.fields}
+        return all(f.name in have and takes(have[f.name].field_type, f.field_type) and (f.required or not have[f.name].required)
+                   for f in field.fields) and all(not f.required or f.name in {g.name for g in field.fields} for f in column.fields)
+    if isinstance(column, ListType) and isinstance(field, ListType):
+        return takes(column.element_type, field.element_type) and (field.element_required or not column.element_required)
+    if isinstance(column, MapType) and isinstance(field, MapType):
+        return (takes(column.key_type, field.key_type) and takes(column.value_type, field.value_type)
+                and (field.value_required or not column.value_required))
+    return column == field or isinstance(column, _WIDER.get(type(field), ()))
+
+
+def _promotion(column: IcebergType, field: IcebergType) -> IcebergType | None:
+    """The type Iceberg's schema evolution may widen ``column`` to so it takes ``field``; None if there is none."""
+    if isinstance(column, IntegerType) and isinstance(field, LongType):
+        return LongType()
+    if isinstance(column, FloatType) and isinstance(field, DoubleType):
+        return DoubleType()
+    if isinstance(column, DecimalType) and isinstance(field, DecimalType) and column.scale == field.scale:
+        return DecimalType(field.precision, field.scale)
+    return None

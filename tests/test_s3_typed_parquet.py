@@ -1,0 +1,103 @@
+"""S3 Parquet objects typed from the registered schema, against the stack's real Schema Registry, MinIO and a real
+worker: an Avro decimal is a decimal128 column, a timestamp a timestamp[us, tz=UTC], bytes binary, and the values
+are exactly the producer's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import io
+import json
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from tests.conftest import RegistryServer
+from tests.test_postgres_typed_schema import ALL_TYPES, ORDER_V1, ORDER_V2, avro, deliver, everything
+from tests.test_schema_registry import CLASSES
+
+pytest.importorskip("pyiceberg")  # the Arrow types are pyiceberg's mapping of the Iceberg sink's
+
+#: ALL_TYPES as Parquet columns: (Arrow type, nullable), pyiceberg's Arrow mapping of the Iceberg sink's types.
+PARQUET = {
+    "id": ("int64", False), "qty": ("int32", False), "ratio": ("float", False), "score": ("double", False),
+    "ok": ("bool", False), "name": ("large_string", False), "blob": ("large_binary", False),
+    "digest": ("fixed_size_binary[4]", False), "amount": ("decimal128(20, 8)", False),
+    "at": ("timestamp[us, tz=UTC]", False), "at_micros": ("timestamp[us, tz=UTC]", False), "day": ("date32[day]", False),
+    "clock": ("time64[us]", False), "clock_micros": ("time64[us]", False), "ref": ("extension<arrow.uuid>", False),
+    "address": ("struct<city: large_string not null>", False), "tags": ("large_list<element: large_string not null>", False),
+    "attrs": ("map<large_string, int64 ('attrs')>", False), "state": ("large_string", False), "note": ("large_string", True),
+    "__topic": ("string", True), "__partition": ("int32", True), "__offset": ("int64", True),
+}
+
+
+def s3_connector(stack, url: str, topic: str, bucket: str) -> dict[str, str]:
+    return {"connector.class": "s3", "topics": topic, "format": "parquet", "value.converter": CLASSES["avro"],
+            "value.converter.schema.registry.url": url, "s3.bucket.name": bucket,
+            "s3.endpoint.url": stack.s3["endpoint_url"], "s3.region": stack.s3["region_name"],
+            "s3.path.style.access": "true", "aws.access.key.id": stack.s3["aws_access_key_id"],
+            "aws.secret.access.key": stack.s3["aws_secret_access_key"], "commit.interval.ms": "300"}
+
+
+def objects(client: Any, bucket: str, prefix: str) -> list[pa.Table]:
+    import pyarrow.parquet as pq
+
+    try:
+        listed = client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", [])
+    except client.exceptions.NoSuchBucket:
+        return []
+    return [pq.read_table(io.BytesIO(client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()))
+            for o in listed if o["Key"].endswith(".parquet")]
+
+
+def test_avro_fields_make_typed_parquet_columns_with_exact_values(registry: RegistryServer, stack, make_topic, unique,
+                                                                   tmp_path) -> None:
+    import boto3
+
+    from tests.restkit import produce
+
+    client = boto3.client("s3", **stack.s3)
+    bucket = unique.replace("_", "-")
+    name = unique.replace("_", "-")
+    topic = make_topic(2)
+    encode = avro(registry.url, topic, ALL_TYPES)
+    produce(stack.kafka_bootstrap, topic, [(i % 2, encode(everything(i))) for i in range(40)])
+
+    def ids() -> list[int]:
+        return sorted(i for t in objects(client, bucket, name) for i in t.column("id").to_pylist())
+
+    deliver(stack, unique, s3_connector(stack, registry.url, topic, bucket), ids, 40, tmp_path)
+    tables = objects(client, bucket, name)
+    schema = tables[0].schema
+    assert all(t.schema == schema for t in tables)
+    assert {f.name: (str(f.type), f.nullable) for f in schema} == PARQUET
+    row = next(r for t in tables for r in t.to_pylist() if r["id"] == 8)
+    want = everything(8)
+    want["attrs"] = list(want["attrs"].items())
+    assert {k: row[k] for k in want} == want
+    assert row["amount"] == decimal.Decimal("123456789020.12345678")
+    assert row["at"] == datetime.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=datetime.UTC)
+    for key in [o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", [])]:
+        client.delete_object(Bucket=bucket, Key=key)
+    client.delete_bucket(Bucket=bucket)
+
+
+def test_an_object_of_two_schema_versions_has_the_union_of_their_fields_nullable_where_a_version_lacks_one() -> None:
+    """Pure: records of ORDER_V1 and ORDER_V2 in one object (no servers)."""
+    import pyarrow.parquet as pq
+
+    from eosink.connectors.api.records import SinkRecord
+    from eosink.connectors.api.schemas import WriterSchema
+    from eosink.connectors.s3.encoding import encode_parquet
+
+    v1, v2 = WriterSchema(1, "avro", json.dumps(ORDER_V1)), WriterSchema(2, "avro", json.dumps(ORDER_V2))
+    recs = [SinkRecord("t", 0, 0, None, {"id": 1, "amount": "1.50"}, None),
+            SinkRecord("t", 0, 1, None, {"id": 2, "amount": "2.50", "discount": "0.125", "coupon": None}, None)]
+    recs[0].value_schema, recs[1].value_schema = v1, v2
+    table = pq.read_table(io.BytesIO(encode_parquet(recs)))
+    assert [(f.name, str(f.type), f.nullable) for f in table.schema][:4] == [
+        ("id", "int64", False), ("amount", "decimal128(10, 2)", False), ("discount", "decimal128(8, 3)", True),
+        ("coupon", "large_string", True)]
+    assert table.column("discount").to_pylist() == [None, decimal.Decimal("0.125")]
