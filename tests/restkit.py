@@ -63,3 +63,13 @@ def pg_ids(pg, table: str, column: str = "id") -> list[str]:
     if not pg.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0]:
         return []
     return [r[0] for r in pg.execute(f'SELECT "{column}" FROM "{table}"')]
+
+
+def wait_tasks_on(url: str, connector: str, workers: set[str], timeout: float = 60) -> None:
+    """Until the connector's tasks run on exactly ``workers`` (``GET /connectors/<name>/status`` at ``url``): a worker
+    that joined a moment after the others gets its share at the next assignment, not at once."""
+    def holders() -> set[str]:
+        status = call(url, "GET", f"/connectors/{connector}/status")[1] or {}
+        return {t.get("worker_id", "") for t in status.get("tasks", []) if t.get("state") == "RUNNING"}
+
+    wait_until(lambda: holders() == workers, timeout, f"tasks of {connector} running on {sorted(workers)}")

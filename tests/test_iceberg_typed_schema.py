@@ -144,7 +144,7 @@ def test_protobuf_scalar_fields_create_required_typed_iceberg_columns_with_exact
 def test_a_new_optional_avro_field_adds_its_iceberg_column_exactly_once_with_two_workers_delivering(
         registry: RegistryServer, stack, make_topic, unique, catalog: Catalog, tmp_path) -> None:
     from tests.procs import register, wait_until
-    from tests.restkit import produce, start_worker
+    from tests.restkit import produce, start_worker, wait_tasks_on
 
     topic = make_topic(4)
     name = unique.replace("_", "-")
@@ -154,6 +154,7 @@ def test_a_new_optional_avro_field_adds_its_iceberg_column_exactly_once_with_two
     workers = [start_worker(stack, unique, f"w{n}", tmp_path) for n in (1, 2)]
     register(stack.zookeeper_hosts, unique, name, iceberg_connector(stack, registry.url, topic, unique, **{"tasks.max": "2"}))
     try:
+        wait_tasks_on(workers[0].url, name, {"w1", "w2"})
         produce(stack.kafka_bootstrap, topic, [(i % 4, v1({"id": i, "amount": amount})) for i in range(400)])
         wait_until(lambda: len(ids(catalog, unique)) >= 400, 120, "the v1 rows")
         # v2 on every partition at once: both workers meet the new version in the same moments.

@@ -137,7 +137,7 @@ def test_avro_decimal_timestamp_bytes_and_every_field_type_create_typed_columns_
 def test_a_new_optional_avro_field_adds_its_column_exactly_once_with_two_workers_delivering(
         registry: RegistryServer, stack, make_topic, unique, pg, tmp_path) -> None:
     from tests.procs import register, wait_until
-    from tests.restkit import pg_ids, produce, start_worker
+    from tests.restkit import pg_ids, produce, start_worker, wait_tasks_on
 
     topic = make_topic(4)
     name = unique.replace("_", "-")
@@ -152,6 +152,7 @@ def test_a_new_optional_avro_field_adds_its_column_exactly_once_with_two_workers
     workers = [start_worker(stack, unique, f"w{n}", tmp_path) for n in (1, 2)]
     register(stack.zookeeper_hosts, unique, name, connector("avro", registry.url, topic, unique, **{"tasks.max": "2"}))
     try:
+        wait_tasks_on(workers[0].url, name, {"w1", "w2"})
         for start in range(0, 2000, 200):  # ten transactions; the producer switches to v2 half way, mid-delivery
             if start == 1000:
                 wait_until(lambda: committed_by("w1") and committed_by("w2"), 90, "both workers delivering v1")
