@@ -19,9 +19,11 @@ from typing import Any
 from psycopg import Xid
 
 from eosink.connectors.api.records import SinkRecord
+from eosink.connectors.api.rows import NativeRowTarget
 from eosink.connectors.api.sink import BatchingSink
 from eosink.connectors.postgres import copy as pgc
 from eosink.connectors.postgres.connection import PostgresConnections
+from eosink.connectors.postgres.native_rows import native_shape, target_of
 from eosink.connectors.postgres.tables import Groups, TableCache, TableKey
 
 log = logging.getLogger("eosink.connectors.postgres.sink")
@@ -55,6 +57,8 @@ class StreamingCopy(PostgresConnections, BatchingSink):
     _stream: _Stream | None
     _stream_off: bool  # this txn's batch is written at prepare (not streamed, or given up)
     _row_shape: pgc.Shape | None
+    #: The binary shape native rows are COPYed with, and what the engine decodes them for (:meth:`native_row_target`).
+    _native: tuple[pgc.Shape, NativeRowTarget] | None = None
     _xid: Callable[[str], Xid]
 
     def row_decoder(self) -> Callable[[bytes], Any] | None:
@@ -64,6 +68,13 @@ class StreamingCopy(PostgresConnections, BatchingSink):
         record keeps its dict, and is written or refused as ever. None until such a stream ran."""
         shape = self._row_shape
         return shape.decode if shape is not None and self._streams and self._tables.plain else None
+
+    def native_row_target(self) -> NativeRowTarget | None:
+        """Decode Avro values straight into native rows of the streamed COPY's columns (see
+        :mod:`eosink.connectors.postgres.native_rows`): offered once a stream of Avro records ran on a
+        table whose columns all take native values, until a stream fails; None otherwise."""
+        native = self._native
+        return native[1] if native is not None and self._streams and self._tables.plain else None
 
     def write(self, records: Sequence[SinkRecord]) -> None:
         """Stage ``records`` and, in insert mode, COPY them into the transaction right away.
@@ -106,6 +117,10 @@ class StreamingCopy(PostgresConnections, BatchingSink):
                 # Decoded into the last stream's rows: its table, unless the cache was re-read since.
                 if self._tables.cached(key) is not shape.table:
                     raise _NotStreamed("the table was re-read since its rows were decoded")
+            elif values[0].__class__ is tuple and self._native is not None:  # Avro values as native rows
+                shape = self._native[0]
+                if self._tables.cached(key) is not shape.table:
+                    raise _NotStreamed("the table was re-read since its rows were decoded")
             elif type(values[0]) is dict:
                 self._tables.ensure(key, recs, values)  # DDL in its own transaction, before the two-phase one
                 shape = pgc.Shape.of(self._tables[key], tuple(values[0]), self.kafka)
@@ -141,6 +156,10 @@ class StreamingCopy(PostgresConnections, BatchingSink):
             raise
         self._stream = _Stream(key, shape, closer, cp.write_row)
         self._row_shape = shape if shape.row_type is not None else None
+        if not shape.native:
+            schema = first.value_schema
+            native = native_shape(shape.table, shape.keys, shape.kafka) if schema is not None and schema.format == "avro" else None
+            self._native = (native, target_of(native)) if native is not None else None
         return self._stream
 
     def _drop_stream(self) -> None:
@@ -149,7 +168,7 @@ class StreamingCopy(PostgresConnections, BatchingSink):
         self._stream_off = True
         if st is None:
             return
-        self._row_shape = None  # rows only again after a stream that runs without a hitch
+        self._row_shape = self._native = None  # rows only again after a stream that runs without a hitch
         try:
             st.closer.__exit__(_NotStreamed, _NotStreamed("abandoned"), None)  # CopyFail: the server drops the rows
         except Exception:  # noqa: BLE001 - the connection may be gone; the rollback below settles it
@@ -170,7 +189,7 @@ class StreamingCopy(PostgresConnections, BatchingSink):
             st.closer.close()
         except Exception as exc:  # noqa: BLE001 - e.g. a row the server refused: written again, and named, at prepare
             log.debug("txn %s: streamed rows refused (%s); writing the batch at prepare", self._txn_id, exc)
-            self._row_shape = None
+            self._row_shape = self._native = None
             self._rollback_tx()
             return None
         return {st.key: (records, st.values)}
