@@ -37,6 +37,7 @@ class _Stream:
     shape: pgc.Shape
     closer: contextlib.ExitStack
     write_row: Callable[[tuple[Any, ...]], None]
+    conn: Any = None  # the connection of the open transaction (a COPY of another shape may follow in it)
     #: The values of the rows written, in order (the prepare's groups, without building them again): a
     #: slice that does not fit whole ends the stream, so there is a row for each of them.
     values: list[Any] = field(default_factory=list)
@@ -129,6 +130,8 @@ class StreamingCopy(PostgresConnections, BatchingSink):
             st = self._open_stream(key, shape, recs[0])
         elif key != st.key:
             raise _NotStreamed("records for another table")
+        elif values[0].__class__ is tuple and not st.shape.native and self._native is not None:
+            self._switch_to_native(st, self._native[0])
         if self._tables.unverified(key, recs):  # a new schema version mid-cycle: its DDL runs before the prepare
             raise _NotStreamed("a writer's schema not yet checked against the table")
         done = pgc.copy_rows(st.write_row, st.shape, recs, values, self.config["auto.evolve"])
@@ -154,13 +157,27 @@ class StreamingCopy(PostgresConnections, BatchingSink):
         except BaseException:
             self._rollback_tx()
             raise
-        self._stream = _Stream(key, shape, closer, cp.write_row)
+        self._stream = _Stream(key, shape, closer, cp.write_row, conn=conn)
         self._row_shape = shape if shape.row_type is not None else None
         if not shape.native:
             schema = first.value_schema
             native = native_shape(shape.table, shape.keys, shape.kafka) if schema is not None and schema.format == "avro" else None
             self._native = (native, target_of(native)) if native is not None else None
         return self._stream
+
+    def _switch_to_native(self, st: _Stream, shape: pgc.Shape) -> None:
+        """End the open COPY (its rows stay in the transaction) and go on with a binary COPY of native rows
+        in the same transaction: the engine decodes into them from the first slice after the stream opened,
+        and the batch would otherwise be written again at prepare."""
+        if self._tables.cached(st.key) is not shape.table or shape.keys != st.shape.keys:
+            raise _NotStreamed("native rows of another table or shape")
+        st.closer.close()
+        with contextlib.ExitStack() as opened:
+            cur = opened.enter_context(st.conn.cursor())
+            cp = opened.enter_context(cur.copy(shape.copy_statement(self._tables[st.key].ident)))
+            cp.set_types(list(shape.types))
+            st.closer = opened.pop_all()
+        st.shape, st.write_row = shape, cp.write_row
 
     def _drop_stream(self) -> None:
         """Give up streaming for this txn: fail the COPY and roll the open transaction back."""
