@@ -12,6 +12,7 @@ The server still checks each value against its column (a numeric's precision, NO
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from eosink.connectors.api.rows import NativeRowTarget
 from eosink.connectors.postgres import copy as pgc
@@ -23,6 +24,18 @@ from eosink.connectors.postgres.schema import KAFKA_COLUMN_NAMES, Table
 NATIVE_TYPNAMES = frozenset({"int8", "bool", "float8", "text", "varchar", "numeric", "timestamptz", "bytea"})
 
 
+#: A string arrives as its UTF-8 bytes: binary COPY's text and bytea fields are both the bytes themselves, so
+#: they go through psycopg's bytes dumper with no decode and encode again; the server checks them as text
+#: (invalid UTF-8 or a NUL is refused, as the str would be), on a connection whose client encoding is UTF-8
+#: (:func:`utf8`).
+_COPY_TYPES = {"text": "bytea", "varchar": "bytea"}
+
+
+def utf8(conn: Any) -> bool:
+    """The connection's client encoding is UTF-8: the bytes of an Avro string are then its text as is."""
+    return str(conn.info.encoding).replace("-", "").lower() == "utf8"
+
+
 def native_shape(table: Table, keys: tuple[str, ...], kafka: bool) -> pgc.Shape | None:
     """The binary COPY shape for native rows of ``keys`` (every one a column of ``table`` of a type in
     :data:`NATIVE_TYPNAMES`), or None."""
@@ -31,7 +44,7 @@ def native_shape(table: Table, keys: tuple[str, ...], kafka: bool) -> pgc.Shape 
     shape = pgc.Shape.of(table, keys, kafka)
     if kafka and not all(pgc.kafka_binary_ok(table.columns[c]) for c in KAFKA_COLUMN_NAMES):
         return None
-    types = tuple(table.columns[k].typname for k in keys) + shape.types[len(keys):]
+    types = tuple(_COPY_TYPES.get(table.columns[k].typname, table.columns[k].typname) for k in keys) + shape.types[len(keys):]
     return dataclasses.replace(shape, binary=True, types=types, row_type=None, decode=None, native=True)
 
 

@@ -23,7 +23,7 @@ from eosink.connectors.api.rows import NativeRowTarget
 from eosink.connectors.api.sink import BatchingSink
 from eosink.connectors.postgres import copy as pgc
 from eosink.connectors.postgres.connection import PostgresConnections
-from eosink.connectors.postgres.native_rows import native_shape, target_of
+from eosink.connectors.postgres.native_rows import native_shape, target_of, utf8
 from eosink.connectors.postgres.tables import Groups, TableCache, TableKey
 
 log = logging.getLogger("eosink.connectors.postgres.sink")
@@ -148,6 +148,8 @@ class StreamingCopy(PostgresConnections, BatchingSink):
             raise _NotStreamed("no free connection in the pool")
         self._tx_state = "active"
         try:
+            if shape.native and not utf8(conn):
+                raise _NotStreamed("native rows need a client encoding of UTF-8")
             with contextlib.ExitStack() as opened:  # on a failure: the COPY failed, the cursor closed
                 conn.tpc_begin(xid)
                 cur = opened.enter_context(conn.cursor())
@@ -169,8 +171,8 @@ class StreamingCopy(PostgresConnections, BatchingSink):
         """End the open COPY (its rows stay in the transaction) and go on with a binary COPY of native rows
         in the same transaction: the engine decodes into them from the first slice after the stream opened,
         and the batch would otherwise be written again at prepare."""
-        if self._tables.cached(st.key) is not shape.table or shape.keys != st.shape.keys:
-            raise _NotStreamed("native rows of another table or shape")
+        if self._tables.cached(st.key) is not shape.table or shape.keys != st.shape.keys or not utf8(st.conn):
+            raise _NotStreamed("native rows of another table or shape, or a client encoding other than UTF-8")
         st.closer.close()
         with contextlib.ExitStack() as opened:
             cur = opened.enter_context(st.conn.cursor())

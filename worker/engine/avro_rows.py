@@ -6,10 +6,11 @@ timestamp and bytes value, which the server parses again: about 4x the CPU of de
 as JSON into the PostgreSQL sink's rows. Here the decoder of one writer's schema is generated once,
 for one row target, as straight-line Python over the value's bytes: each field read in place and
 made the value the sink's binary COPY takes as it is (an int, a str, a :class:`~decimal.Decimal`, an
-aware datetime, bytes), the row a plain tuple.
+aware datetime, bytes; a string stays its UTF-8 bytes, which binary COPY sends as they are and the
+server checks), the row a plain tuple.
 
 It gives exactly the values fastavro gives (the decimal built in the same context, the timestamp
-from the same epoch), or refuses: a writer's schema with another field, order or type than the
+from the same epoch; a string's bytes), or refuses: a writer's schema with another field, order or type than the
 target's columns take natively gets no decoder, and a payload it would have to guess about (a
 negative length, an unknown union branch, bytes left over, invalid UTF-8) raises ``ValueError``;
 the source then decodes that record with the converter, as without any of this.
@@ -77,8 +78,10 @@ def _long(v: str, ind: str) -> list[str]:
 
 
 def _sized(ind: str) -> list[str]:
-    """The length of a string or bytes value, then ``q`` its end."""
-    return [*_long("n", ind), f"{ind}if n < 0:", f"{ind}    raise ValueError('negative length')", f"{ind}q = p + n"]
+    """Where a string or bytes value starts (``s``) and ends (``q``): its length is most often one byte."""
+    return [f"{ind}b = raw[p]", f"{ind}if b < 128 and not b & 1:", f"{ind}    s = p + 1", f"{ind}    q = s + (b >> 1)",
+            f"{ind}else:", f"{ind}    n, s = _varint(raw, p)", f"{ind}    if n < 0:",
+            f"{ind}        raise ValueError('negative length')", f"{ind}    q = s + n"]
 
 
 def _value(i: int, key: str, t: Any, ind: str, env: dict[str, Any]) -> list[str]:
@@ -91,14 +94,14 @@ def _value(i: int, key: str, t: Any, ind: str, env: dict[str, Any]) -> list[str]
                 f"{ind}{v} = b == 1"]
     if key == "double":
         return [f"{ind}{v} = _double(raw, p)[0]", f"{ind}p += 8"]
-    if key == "string":
-        return [*_sized(ind), f"{ind}{v} = raw[p:q].decode()", f"{ind}p = q"]
+    if key == "string":  # its UTF-8 bytes: checked and stored by the server (see native_rows), decoded only if read
+        return [*_sized(ind), f"{ind}{v} = raw[s:q]", f"{ind}p = q"]
     if key == "bytes":
-        return [*_sized(ind), f"{ind}{v} = raw[p:q]", f"{ind}p = q"]
+        return [*_sized(ind), f"{ind}{v} = raw[s:q]", f"{ind}p = q"]
     if key == "bytes/decimal":  # as fastavro: the unscaled int in a context of the schema's precision
         env[f"ctx{i}"] = ctx = decimal.Context(prec=t["precision"])
         env[f"dec{i}"] = ctx.create_decimal
-        return [*_sized(ind), f"{ind}{v} = dec{i}(int.from_bytes(raw[p:q], 'big', signed=True)).scaleb({-int(t.get('scale', 0))}, ctx{i})",
+        return [*_sized(ind), f"{ind}{v} = dec{i}(int.from_bytes(raw[s:q], 'big', signed=True)).scaleb({-int(t.get('scale', 0))}, ctx{i})",
                 f"{ind}p = q"]
     micros = "n" if key == "long/timestamp-micros" else "n * 1000"  # as fastavro: epoch + timedelta
     return [*_long("n", ind), f"{ind}{v} = _EPOCH + _td(0, 0, {micros})"]
