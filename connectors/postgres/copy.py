@@ -29,6 +29,7 @@ import msgspec
 import psycopg
 from psycopg import sql
 from psycopg.adapt import Dumper
+from psycopg.types.string import BytesBinaryDumper
 
 from eosink.connectors.api.errors import ConfigError, RecordError
 from eosink.connectors.api.records import SinkRecord
@@ -58,6 +59,9 @@ class NumericTextDumper(Dumper):
 
 def register_dumpers(conn: psycopg.Connection[Any]) -> None:
     conn.adapters.register_dumper(None, NumericTextDumper)
+    # Binary COPY into bytea takes the dumper registered last for its oid: psycopg's DB-API ``Binary``
+    # wrapper's, in Python (a third of a native row's COPY time, measured); bytes' own is in C.
+    conn.adapters.register_dumper(bytes, BytesBinaryDumper)
 
 
 def _getter(cols: Sequence[str]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
