@@ -78,11 +78,11 @@ def value_of(i: int, envelope: bool = False) -> bytes:
 
 # ---------------------------------------------------------------------------------------- pre-fill
 def prefill(bootstrap: str, topic: str, n: int, partitions: int, headers: bool = False, envelope: bool = False,
-            avro_registry: str | None = None) -> None:
+            avro_registry: str | None = None, record: str = "order") -> None:
     """Make ``topic`` hold exactly ``n`` committed records (record i in partition i % P), unless it does;
     ``headers``: each with the two headers the Spark publisher gives an outbox record (``eosink.id``,
     ``eosink.run``), which the sink does not read but the worker still receives; ``avro_registry``: the
-    records as Avro, their schema registered there (:mod:`bench.e2e_avro`)."""
+    records as Avro, their schema registered there; ``record``: another record than the order (:mod:`bench.e2e_avro`)."""
     want = [(0, h) for h in expected_high_watermarks(n, partitions)]
     have = watermarks(bootstrap, topic, partitions)
     if have == want:
@@ -99,7 +99,8 @@ def prefill(bootstrap: str, topic: str, n: int, partitions: int, headers: bool =
                          "batch.size": 1_000_000, "queue.buffering.max.messages": 500_000,
                          "queue.buffering.max.kbytes": 512 * 1024})
     producer.init_transactions(30)
-    encode = e2e_avro.encoder(avro_registry, topic) if avro_registry else lambda i: value_of(i, envelope)
+    encode = e2e_avro.encoder(avro_registry, topic, record) if avro_registry else \
+        (lambda i: value_of(i, envelope)) if record == "order" else (lambda i: e2e_avro.json_value(i, record))
     for start in range(0, n, TXN_RECORDS):
         producer.begin_transaction()
         for i in range(start, min(n, start + TXN_RECORDS)):
@@ -483,6 +484,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--format", choices=("json", "avro"), default="json", help="avro: the same records also as Avro "
                     "(value.converter=avro, schema in the stack's Schema Registry), --pairs runs of each alternated with "
                     "JSON (bench/e2e_avro.py)")
+    ap.add_argument("--avro-record", choices=("order", "typed"), default="order", help="with --format avro: the order "
+                    "(long, strings, double) or a record with a decimal, a timestamp-millis and bytes (bench/e2e_avro.py)")
     ap.add_argument("--commit-interval-ms", type=int, default=1000)
     ap.add_argument("--batch-max-records", type=int, default=0, help="0: the connector default")
     ap.add_argument("--batch-max-bytes", type=int, default=0, help="0: the connector default")
@@ -511,8 +514,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ep = load_endpoints()
     tag = uuid.uuid4().hex[:6]
     topic = args.topic or f"bench-e2e-{args.records}-p{args.partitions}" + ("-h" if args.outbox_headers else "") \
-        + ("-env" if args.envelope else "")
-    in_child(prefill, ep.kafka_bootstrap, topic, args.records, args.partitions, args.outbox_headers, args.envelope)
+        + ("-env" if args.envelope else "") + ("" if args.avro_record == "order" else f"-{args.avro_record}")
+    in_child(prefill, ep.kafka_bootstrap, topic, args.records, args.partitions, args.outbox_headers, args.envelope, None,
+             args.avro_record)
     logdir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
     if args.audit_overhead:
         from bench import e2e_audit
@@ -524,7 +528,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not ep.registry_url:
             raise SystemExit("--format avro needs the stack's Schema Registry")
         avro_topic = topic + "-avro"
-        in_child(prefill, ep.kafka_bootstrap, avro_topic, args.records, args.partitions, False, False, ep.registry_url)
+        in_child(prefill, ep.kafka_bootstrap, avro_topic, args.records, args.partitions, False, False, ep.registry_url,
+                 args.avro_record)
         both = e2e_avro.run_pairs(args, ep, topic, avro_topic, tag, logdir)
         published.maybe_publish(args, lambda: e2e_avro.figure(args, both, conditions(args, both["runs"]["avro"][-1]), argv))
         return 0 if both["ok"] else 1
