@@ -41,22 +41,26 @@ _COLUMNS: dict[str, frozenset[str]] = {
 }
 
 
-def _varint(raw: bytes, p: int) -> tuple[int, int]:
-    """A zigzag long of more than one byte at ``p``: (its value, the position after it)."""
-    n = shift = 0
-    while True:
-        b = raw[p]
-        p += 1
-        n |= (b & 0x7F) << shift
-        if not b & 0x80:
-            break
-        shift += 7
-        if shift > 63:
-            raise ValueError("a long longer than 10 bytes")
-    v = (n >> 1) ^ -(n & 1)
-    if not -_INT64 <= v < _INT64:
-        raise ValueError("a long beyond 64 bits")
-    return v, p
+def _unrolled_varint() -> Callable[[bytes, int], tuple[int, int]]:
+    """``(raw, p) -> (value, position after it)``: a zigzag long of up to 10 bytes at ``p``, its bytes read one
+    by one without a loop (measured a third faster than a loop for the 3 bytes of an id)."""
+
+    def level(i: int) -> list[str]:  # byte i has been read into b and n; lines at depth i + 1
+        ind = "    " * (i + 1)
+        if i == 9:
+            return [f"{ind}if b & 0x80:", f"{ind}    raise ValueError('a long longer than 10 bytes')",
+                    f"{ind}v = (n >> 1) ^ -(n & 1)", f"{ind}if not -_INT64 <= v < _INT64:",
+                    f"{ind}    raise ValueError('a long beyond 64 bits')", f"{ind}return v, p + 10"]
+        return [f"{ind}if b & 0x80:", f"{ind}    b = raw[p + {i + 1}]", f"{ind}    n |= (b & 0x7F) << {7 * (i + 1)}",
+                *level(i + 1), f"{ind}return (n >> 1) ^ -(n & 1), p + {i + 1}"]
+
+    env: dict[str, Any] = {"_INT64": _INT64}
+    exec("\n".join(["def varint(raw, p):", "    b = raw[p]", "    n = b & 0x7F", *level(0)]), env)  # noqa: S102 - constants only
+    varint: Callable[[bytes, int], tuple[int, int]] = env["varint"]
+    return varint
+
+
+_varint = _unrolled_varint()
 
 
 def _kind(avro_type: Any) -> tuple[str, Any] | None:
