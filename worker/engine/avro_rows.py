@@ -6,8 +6,8 @@ timestamp and bytes value, which the server parses again: about 4x the CPU of de
 as JSON into the PostgreSQL sink's rows. Here the decoder of one writer's schema is generated once,
 for one row target, as straight-line Python over the value's bytes: each field read in place and
 made the value the sink's binary COPY takes as it is (an int, a str, a :class:`~decimal.Decimal`, an
-aware datetime, bytes; a string stays its UTF-8 bytes, which binary COPY sends as they are and the
-server checks), the row a plain tuple.
+aware datetime, bytes; a string stays its UTF-8 bytes, which binary COPY sends as they are), the row
+a plain tuple.
 
 It gives exactly the values fastavro gives (the decimal built in the same context, the timestamp
 from the same epoch; a string's bytes), or refuses: a writer's schema with another field, order or type than the
@@ -98,8 +98,8 @@ def _value(i: int, key: str, t: Any, ind: str, env: dict[str, Any]) -> list[str]
                 f"{ind}{v} = b == 1"]
     if key == "double":
         return [f"{ind}{v} = _double(raw, p)[0]", f"{ind}p += 8"]
-    if key == "string":  # its UTF-8 bytes: checked and stored by the server (see native_rows), decoded only if read
-        return [*_sized(ind), f"{ind}{v} = raw[s:q]", f"{ind}p = q"]
+    if key == "string":  # its UTF-8 bytes, checked here only when not ASCII: invalid UTF-8 is the converter's to refuse
+        return [*_sized(ind), f"{ind}{v} = raw[s:q]", f"{ind}if not {v}.isascii():", f"{ind}    {v}.decode()", f"{ind}p = q"]
     if key == "bytes":
         return [*_sized(ind), f"{ind}{v} = raw[s:q]", f"{ind}p = q"]
     if key == "bytes/decimal":  # as fastavro: the unscaled int in a context of the schema's precision
