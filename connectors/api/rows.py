@@ -70,8 +70,8 @@ class NativeRowTarget:
     ``columns``: (name, pg_type name) of each column, in the order of the row's values. A record whose
     writer's schema has exactly these fields, in this order, each of a type that column takes natively
     (see :mod:`eosink.worker.engine.avro_rows`), is decoded straight into a plain tuple of native values
-    (int, str, bool, float, :class:`~decimal.Decimal`, aware :class:`~datetime.datetime`, bytes): no
-    dict, and no text the server parses again. Identity is the object: the sink hands out a new one
+    (int, bool, float, :class:`~decimal.Decimal`, aware :class:`~datetime.datetime`, bytes, and a
+    string's UTF-8 bytes): no dict, and no text the server parses again. Identity is the object: the sink hands out a new one
     whenever its rows change, and a decoder is built once per writer's schema and target.
     """
 
