@@ -151,3 +151,29 @@ def test_the_order_record_decodes_into_its_row() -> None:
     invalid = raw.replace("ü".encode(), b"\xc3\x28")  # not UTF-8: the converter refuses it, naming the record
     with pytest.raises(ValueError):
         row_of(invalid)
+
+
+def test_a_native_row_record_read_becomes_the_plain_record_the_converter_makes() -> None:
+    """Only the sink that offered the target reads the row; anything reading ``value`` gets the converter's
+    dict, and the record is then the plain one (``raw_value`` None, as for every Avro record)."""
+    from eosink.connectors.api.records import SinkRecord
+    from eosink.connectors.api.rows import row_of
+    from eosink.worker.engine.avro_rows import AvroRows
+
+    decode_dict, parsed = dict_path(ORDER)
+    target = NativeRowTarget(ORDER_COLUMNS)
+    registry = SimpleNamespace(schema=None, avro_schema=lambda schema_id: (parsed, f"writer {schema_id}"))
+    rows = AvroRows(lambda raw: decode_dict(raw), lambda: target)
+    rows.registry = registry
+    at = datetime.datetime(2024, 5, 1, tzinfo=datetime.UTC)
+    value = {"id": 7, "name": "n", "amount": decimal.Decimal("1.50"), "at": at, "blob": b"\x01", "note": "x"}
+    raw = encode(parse_schema(ORDER), value)
+    decode = rows()
+    assert decode is not None
+    row = decode(raw)
+    assert registry.schema == "writer 7"  # the writer's schema the source hands on with the record
+    rec = SinkRecord("t", 0, 5, None, row, raw, (), 0)
+    rec.__class__ = rows.record_class
+    assert row_of(rec) == (7, b"n", decimal.Decimal("1.50"), at, b"\x01", b"x")
+    assert rec.value == decode_dict(raw) == {**value, "amount": "1.50", "at": at.isoformat(), "blob": "\\x01"}
+    assert type(rec) is SinkRecord and rec.raw_value is None
