@@ -58,6 +58,7 @@ from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 from psycopg import sql  # noqa: E402
 
+from bench import e2e_avro  # noqa: E402
 from bench import report as published  # noqa: E402
 from bench._data import order, order_envelope  # noqa: E402
 from bench.bench_postgres_sink import COLUMNS, COPY_TYPES, FIELDS, create_table  # noqa: E402
@@ -76,10 +77,12 @@ def value_of(i: int, envelope: bool = False) -> bytes:
 
 
 # ---------------------------------------------------------------------------------------- pre-fill
-def prefill(bootstrap: str, topic: str, n: int, partitions: int, headers: bool = False, envelope: bool = False) -> None:
+def prefill(bootstrap: str, topic: str, n: int, partitions: int, headers: bool = False, envelope: bool = False,
+            avro_registry: str | None = None, record: str = "order") -> None:
     """Make ``topic`` hold exactly ``n`` committed records (record i in partition i % P), unless it does;
     ``headers``: each with the two headers the Spark publisher gives an outbox record (``eosink.id``,
-    ``eosink.run``), which the sink does not read but the worker still receives."""
+    ``eosink.run``), which the sink does not read but the worker still receives; ``avro_registry``: the
+    records as Avro, their schema registered there; ``record``: another record than the order (:mod:`bench.e2e_avro`)."""
     want = [(0, h) for h in expected_high_watermarks(n, partitions)]
     have = watermarks(bootstrap, topic, partitions)
     if have == want:
@@ -96,12 +99,14 @@ def prefill(bootstrap: str, topic: str, n: int, partitions: int, headers: bool =
                          "batch.size": 1_000_000, "queue.buffering.max.messages": 500_000,
                          "queue.buffering.max.kbytes": 512 * 1024})
     producer.init_transactions(30)
+    encode = e2e_avro.encoder(avro_registry, topic, record) if avro_registry else \
+        (lambda i: value_of(i, envelope)) if record == "order" else (lambda i: e2e_avro.json_value(i, record))
     for start in range(0, n, TXN_RECORDS):
         producer.begin_transaction()
         for i in range(start, min(n, start + TXN_RECORDS)):
             while True:
                 try:
-                    producer.produce(topic, value_of(i, envelope), str(i).encode(), partition=i % partitions,
+                    producer.produce(topic, encode(i), str(i).encode(), partition=i % partitions,
                                      headers=[(ID_HEADER, f"bench-e2e/run-0/{i % partitions}/{i}"), (RUN_HEADER, "run-0")]
                                      if headers else None)
                     break
@@ -271,6 +276,7 @@ def run_e2e(args: argparse.Namespace, ep: Any, topic: str, tag: str, logdir: Pat
     }
     if getattr(args, "envelope", False):
         config["value.converter.schemas.enable"] = "true"
+    config.update(getattr(args, "converter_config", {}))
     if args.batch_max_records:
         config["batch.max.records"] = str(args.batch_max_records)
     if args.batch_max_bytes:
@@ -475,6 +481,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "(eosink.id, eosink.run), as Spark's outbox records do (topic ...-h)")
     ap.add_argument("--envelope", action="store_true", help="values in Kafka Connect's schemas.enable=true envelope "
                     "(JsonConverter's {\"schema\", \"payload\"}), read with value.converter.schemas.enable=true")
+    ap.add_argument("--format", choices=("json", "avro"), default="json", help="avro: the same records also as Avro "
+                    "(value.converter=avro, schema in the stack's Schema Registry), --pairs runs of each alternated with "
+                    "JSON (bench/e2e_avro.py)")
+    ap.add_argument("--avro-record", choices=("order", "typed"), default="order", help="with --format avro: the order "
+                    "(long, strings, double) or a record with a decimal, a timestamp-millis and bytes (bench/e2e_avro.py)")
     ap.add_argument("--commit-interval-ms", type=int, default=1000)
     ap.add_argument("--batch-max-records", type=int, default=0, help="0: the connector default")
     ap.add_argument("--batch-max-bytes", type=int, default=0, help="0: the connector default")
@@ -495,7 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--audit-overhead", action="append", default=[], metavar="SECONDS[:MAX_RECORDS]", help="alternate "
                     "--pairs runs without and with --audit-interval SECONDS [--audit-max-records MAX_RECORDS] on the "
                     "worker (repeatable) and report the cost (bench/e2e_audit.py)")
-    ap.add_argument("--pairs", type=int, default=3, help="with --audit-overhead: runs of each kind")
+    ap.add_argument("--pairs", type=int, default=3, help="with --audit-overhead or --format avro: runs of each kind")
     published.add_arguments(ap)
     args = ap.parse_args(argv)
     if args.poll_s is None:
@@ -503,8 +514,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ep = load_endpoints()
     tag = uuid.uuid4().hex[:6]
     topic = args.topic or f"bench-e2e-{args.records}-p{args.partitions}" + ("-h" if args.outbox_headers else "") \
-        + ("-env" if args.envelope else "")
-    in_child(prefill, ep.kafka_bootstrap, topic, args.records, args.partitions, args.outbox_headers, args.envelope)
+        + ("-env" if args.envelope else "") + ("" if args.avro_record == "order" else f"-{args.avro_record}")
+    in_child(prefill, ep.kafka_bootstrap, topic, args.records, args.partitions, args.outbox_headers, args.envelope, None,
+             args.avro_record)
     logdir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
     if args.audit_overhead:
         from bench import e2e_audit
@@ -512,6 +524,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         over = e2e_audit.run_overhead(args, ep, topic, tag, logdir)
         published.maybe_publish(args, lambda: e2e_audit.figure(args, over, argv))
         return 0 if over["ok"] else 1
+    if args.format == "avro":
+        if not ep.registry_url:
+            raise SystemExit("--format avro needs the stack's Schema Registry")
+        avro_topic = topic + "-avro"
+        in_child(prefill, ep.kafka_bootstrap, avro_topic, args.records, args.partitions, False, False, ep.registry_url,
+                 args.avro_record)
+        both = e2e_avro.run_pairs(args, ep, topic, avro_topic, tag, logdir)
+        published.maybe_publish(args, lambda: e2e_avro.figure(args, both, conditions(args, both["runs"]["avro"][-1]), argv))
+        return 0 if both["ok"] else 1
     e2e = run_e2e(args, ep, topic, tag, logdir)
     raw = None
     if not args.skip_copy:

@@ -69,7 +69,7 @@ from confluent_kafka import Consumer, KafkaException, Producer  # noqa: E402
 from confluent_kafka import TopicPartition as KTP  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from bench import report  # noqa: E402
+from bench import report, worker_postgres  # noqa: E402
 from bench._data import order  # noqa: E402
 from eosink.connectors.api.records import TopicPartition  # noqa: E402
 from eosink.connectors.filesystem import FilesystemSink  # noqa: E402
@@ -366,11 +366,20 @@ def run_eosink(kind: str, bootstrap: str, zk_hosts: str, topic: str, tps: list[T
     decision_log = ZooKeeperDecisionLog(session, "bench-worker")
     # filesystem-raw is configured like Kafka Connect's peer: values passed through as they are
     # (value.converter=bytes, as its StringConverter) and written one per line (file.format=raw).
-    source = KafkaSource(connector, bootstrap, value_converter="bytes" if kind == "filesystem-raw" else "json")
+    sink: Any = None
+    pg_table = ""
+    if kind.startswith("postgres"):  # bench/worker_postgres.py
+        source, sink, name, pg_table = worker_postgres.source_and_sink(kind, connector, bootstrap, tag)
+        if kind == "postgres-avro":
+            tps = [TopicPartition(worker_postgres.avro_topic(topic), tp.partition) for tp in tps]
+    else:
+        source = KafkaSource(connector, bootstrap, value_converter="bytes" if kind == "filesystem-raw" else "json")
     store_name = f"bench-{tag}"
     transforms = None
-    if kind == "filesystem":
-        sink: Any = FilesystemSink(connector, {"file.path": str(workdir / "eosink-fs")})
+    if kind.startswith("postgres"):
+        pass  # made above, with its source
+    elif kind == "filesystem":
+        sink = FilesystemSink(connector, {"file.path": str(workdir / "eosink-fs")})
         name = "eosink FilesystemSink (fsync)"
     elif kind == "filesystem-decoded":
         # The same sink with every value decoded, as it ran before it could leave them undecoded, and as
@@ -483,6 +492,8 @@ def run_eosink(kind: str, bootstrap: str, zk_hosts: str, topic: str, tps: list[T
             shutil.rmtree(sink.root, ignore_errors=True)
     elif kind.startswith("iceberg"):
         leftover = _iceberg_ids(iceberg_config(workdir, tag, kind), ids, keep)
+    elif kind.startswith("postgres"):
+        leftover = worker_postgres.collect_ids(pg_table, connector, ids, keep)
     else:
         st = store(store_name)
         leftover = len(st.prepared)
@@ -652,7 +663,7 @@ def delete_groups(bootstrap: str, groups: Sequence[str]) -> None:
 #: The eosink modes, in the order a run measures them.
 MODES = ("filesystem", "filesystem-decoded", "filesystem-smt", "filesystem-raw", "memory")
 #: Modes run only when named in --modes.
-EXTRA_MODES = ("iceberg", "iceberg-checked")
+EXTRA_MODES = ("iceberg", "iceberg-checked", *worker_postgres.MODES)
 
 
 def _report_modes(args: argparse.Namespace, modes: Sequence[str], best: Callable[[str], Result],
@@ -675,6 +686,8 @@ def _report_modes(args: argparse.Namespace, modes: Sequence[str], best: Callable
     if "filesystem-smt" in modes and ("filesystem" in modes or "filesystem-decoded" in modes):
         base = best("eosink-filesystem-decoded" if "filesystem-decoded" in modes else "eosink-filesystem")
         targets += _transforms_cost(best("eosink-filesystem-smt"), base)
+    if "postgres" in modes and "postgres-avro" in modes:
+        worker_postgres.print_avro_against_json(best("eosink-postgres-avro"), best("eosink-postgres"))
     if targets:
         _print_targets(targets)
     checks_ok = all(r.check.startswith("ok") for r in results)
@@ -803,6 +816,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # already mapped) that sped up whichever mode ran next - a first ceiling of 292k records/s
     # against 210-224k for the later ones in one run. Every mode should start from the same state.
     in_child(prefill, ep.kafka_bootstrap, topic, n, args.partitions)
+    if "postgres-avro" in modes:
+        in_child(worker_postgres.prefill_avro, ep.kafka_bootstrap, topic, n, args.partitions, ep.registry_url or "")
 
     groups: list[str] = []
     runs: dict[str, list[Result]] = collections.defaultdict(list)

@@ -22,6 +22,7 @@ per record, ``bench/bench_e2e.py --outbox-headers``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from eosink.connectors.api.records import DeferredRecord, SinkRecord, settled_headers, value_slot
@@ -60,3 +61,30 @@ class RowDecoding(Protocol):
     """
 
     def row_decoder(self) -> Callable[[bytes], Any] | None: ...
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class NativeRowTarget:
+    """The columns a sink's rows have, for a converter with a schema of its own to decode into (Avro).
+
+    ``columns``: (name, pg_type name) of each column, in the order of the row's values. A record whose
+    writer's schema has exactly these fields, in this order, each of a type that column takes natively
+    (see :mod:`eosink.worker.engine.avro_rows`), is decoded straight into a plain tuple of native values
+    (int, bool, float, :class:`~decimal.Decimal`, aware :class:`~datetime.datetime`, bytes, and a
+    string's UTF-8 bytes): no dict, and no text the server parses again. Identity is the object: the sink hands out a new one
+    whenever its rows change, and a decoder is built once per writer's schema and target.
+    """
+
+    columns: tuple[tuple[str, str], ...]
+
+
+class NativeRowDecoding(Protocol):
+    """What a sink offers the engine to decode values of a converter with schemas into its rows.
+
+    ``native_row_target()`` is asked once per fetched slice of records, as ``row_decoder`` is, and
+    only under the same conditions but with ``value.converter=avro``: the target, or None when the
+    sink takes no native rows now. A record decoded so holds a plain tuple in its value slot
+    (:func:`row_of`) and its ``value`` is the converter's dict, decoded again if anything reads it.
+    """
+
+    def native_row_target(self) -> NativeRowTarget | None: ...

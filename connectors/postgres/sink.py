@@ -140,6 +140,7 @@ class PostgresSink(StreamingCopy):
         #: The shape of the last stream that ran without a hitch, when its columns have a row type: the
         #: engine decodes records straight into it (:meth:`row_decoder`).
         self._row_shape = None
+        self._native = None
 
     # -- connections ------------------------------------------------------------------------
     def open(self) -> None:

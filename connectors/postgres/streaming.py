@@ -19,9 +19,11 @@ from typing import Any
 from psycopg import Xid
 
 from eosink.connectors.api.records import SinkRecord
+from eosink.connectors.api.rows import NativeRowTarget
 from eosink.connectors.api.sink import BatchingSink
 from eosink.connectors.postgres import copy as pgc
 from eosink.connectors.postgres.connection import PostgresConnections
+from eosink.connectors.postgres.native_rows import native_shape, target_of, utf8
 from eosink.connectors.postgres.tables import Groups, TableCache, TableKey
 
 log = logging.getLogger("eosink.connectors.postgres.sink")
@@ -35,6 +37,7 @@ class _Stream:
     shape: pgc.Shape
     closer: contextlib.ExitStack
     write_row: Callable[[tuple[Any, ...]], None]
+    conn: Any = None  # the connection of the open transaction (a COPY of another shape may follow in it)
     #: The values of the rows written, in order (the prepare's groups, without building them again): a
     #: slice that does not fit whole ends the stream, so there is a row for each of them.
     values: list[Any] = field(default_factory=list)
@@ -55,6 +58,8 @@ class StreamingCopy(PostgresConnections, BatchingSink):
     _stream: _Stream | None
     _stream_off: bool  # this txn's batch is written at prepare (not streamed, or given up)
     _row_shape: pgc.Shape | None
+    #: The binary shape native rows are COPYed with, and what the engine decodes them for (:meth:`native_row_target`).
+    _native: tuple[pgc.Shape, NativeRowTarget] | None = None
     _xid: Callable[[str], Xid]
 
     def row_decoder(self) -> Callable[[bytes], Any] | None:
@@ -64,6 +69,13 @@ class StreamingCopy(PostgresConnections, BatchingSink):
         record keeps its dict, and is written or refused as ever. None until such a stream ran."""
         shape = self._row_shape
         return shape.decode if shape is not None and self._streams and self._tables.plain else None
+
+    def native_row_target(self) -> NativeRowTarget | None:
+        """Decode Avro values straight into native rows of the streamed COPY's columns (see
+        :mod:`eosink.connectors.postgres.native_rows`): offered once a stream of Avro records ran on a
+        table whose columns all take native values, until a stream fails; None otherwise."""
+        native = self._native
+        return native[1] if native is not None and self._streams and self._tables.plain else None
 
     def write(self, records: Sequence[SinkRecord]) -> None:
         """Stage ``records`` and, in insert mode, COPY them into the transaction right away.
@@ -106,6 +118,10 @@ class StreamingCopy(PostgresConnections, BatchingSink):
                 # Decoded into the last stream's rows: its table, unless the cache was re-read since.
                 if self._tables.cached(key) is not shape.table:
                     raise _NotStreamed("the table was re-read since its rows were decoded")
+            elif values[0].__class__ is tuple and self._native is not None:  # Avro values as native rows
+                shape = self._native[0]
+                if self._tables.cached(key) is not shape.table:
+                    raise _NotStreamed("the table was re-read since its rows were decoded")
             elif type(values[0]) is dict:
                 self._tables.ensure(key, recs, values)  # DDL in its own transaction, before the two-phase one
                 shape = pgc.Shape.of(self._tables[key], tuple(values[0]), self.kafka)
@@ -114,6 +130,8 @@ class StreamingCopy(PostgresConnections, BatchingSink):
             st = self._open_stream(key, shape, recs[0])
         elif key != st.key:
             raise _NotStreamed("records for another table")
+        elif values[0].__class__ is tuple and not st.shape.native and self._native is not None:
+            self._switch_to_native(st, self._native[0])
         if self._tables.unverified(key, recs):  # a new schema version mid-cycle: its DDL runs before the prepare
             raise _NotStreamed("a writer's schema not yet checked against the table")
         done = pgc.copy_rows(st.write_row, st.shape, recs, values, self.config["auto.evolve"])
@@ -130,6 +148,8 @@ class StreamingCopy(PostgresConnections, BatchingSink):
             raise _NotStreamed("no free connection in the pool")
         self._tx_state = "active"
         try:
+            if shape.native and not utf8(conn):
+                raise _NotStreamed("native rows need a client encoding of UTF-8")
             with contextlib.ExitStack() as opened:  # on a failure: the COPY failed, the cursor closed
                 conn.tpc_begin(xid)
                 cur = opened.enter_context(conn.cursor())
@@ -139,9 +159,27 @@ class StreamingCopy(PostgresConnections, BatchingSink):
         except BaseException:
             self._rollback_tx()
             raise
-        self._stream = _Stream(key, shape, closer, cp.write_row)
+        self._stream = _Stream(key, shape, closer, cp.write_row, conn=conn)
         self._row_shape = shape if shape.row_type is not None else None
+        if not shape.native:
+            schema = first.value_schema
+            native = native_shape(shape.table, shape.keys, shape.kafka) if schema is not None and schema.format == "avro" else None
+            self._native = (native, target_of(native)) if native is not None else None
         return self._stream
+
+    def _switch_to_native(self, st: _Stream, shape: pgc.Shape) -> None:
+        """End the open COPY (its rows stay in the transaction) and go on with a binary COPY of native rows
+        in the same transaction: the engine decodes into them from the first slice after the stream opened,
+        and the batch would otherwise be written again at prepare."""
+        if self._tables.cached(st.key) is not shape.table or shape.keys != st.shape.keys or not utf8(st.conn):
+            raise _NotStreamed("native rows of another table or shape, or a client encoding other than UTF-8")
+        st.closer.close()
+        with contextlib.ExitStack() as opened:
+            cur = opened.enter_context(st.conn.cursor())
+            cp = opened.enter_context(cur.copy(shape.copy_statement(self._tables[st.key].ident)))
+            cp.set_types(list(shape.types))
+            st.closer = opened.pop_all()
+        st.shape, st.write_row = shape, cp.write_row
 
     def _drop_stream(self) -> None:
         """Give up streaming for this txn: fail the COPY and roll the open transaction back."""
@@ -149,7 +187,7 @@ class StreamingCopy(PostgresConnections, BatchingSink):
         self._stream_off = True
         if st is None:
             return
-        self._row_shape = None  # rows only again after a stream that runs without a hitch
+        self._row_shape = self._native = None  # rows only again after a stream that runs without a hitch
         try:
             st.closer.__exit__(_NotStreamed, _NotStreamed("abandoned"), None)  # CopyFail: the server drops the rows
         except Exception:  # noqa: BLE001 - the connection may be gone; the rollback below settles it
@@ -170,7 +208,7 @@ class StreamingCopy(PostgresConnections, BatchingSink):
             st.closer.close()
         except Exception as exc:  # noqa: BLE001 - e.g. a row the server refused: written again, and named, at prepare
             log.debug("txn %s: streamed rows refused (%s); writing the batch at prepare", self._txn_id, exc)
-            self._row_shape = None
+            self._row_shape = self._native = None
             self._rollback_tx()
             return None
         return {st.key: (records, st.values)}

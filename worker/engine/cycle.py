@@ -148,9 +148,10 @@ class CycleRunner(PartitionHolder):
             return self.source.poll_batch(s.max_records, s.max_bytes, flush_s,  # type: ignore[call-arg]
                                           min_s=s.commit_min_interval_s)
         # A sink that takes the records alone, untransformed, may have them decoded into its rows.
-        rows = getattr(self.fanout.sinks[0], "row_decoder", None) if len(self.fanout.sinks) == 1 else None
+        only = self.fanout.sinks[0] if len(self.fanout.sinks) == 1 else None
+        rows, native = getattr(only, "row_decoder", None), getattr(only, "native_row_target", None)
         return self.source.poll_batch(s.max_records, s.max_bytes, flush_s,  # type: ignore[call-arg]
-                                      min_s=s.commit_min_interval_s, on_chunk=self.fanout.write, rows=rows)
+                                      min_s=s.commit_min_interval_s, on_chunk=self.fanout.write, rows=rows, native=native)
 
     def _decide(self, txn_id: str, next_offsets: dict[TopicPartition, int]) -> CycleResult | None:
         """The single commit point. None when the txn is decided (the grants then hold the decision);

@@ -84,6 +84,8 @@ class RegistryDecoder:
             raise FatalError(f"the schema registry settings of the {fmt} converter are not usable: {exc}",
                              component="config") from None
         self._by_id: dict[int, tuple[Decode, WriterSchema]] = {}
+        #: Avro: the writer's schema as fastavro parsed it, by id (what a native row decoder is built from).
+        self._avro_parsed: dict[int, Any] = {}
         #: The writer's schema of the last value decoded (None after a tombstone): the source hands it on
         #: with the record (:attr:`~eosink.connectors.api.records.SinkRecord.value_schema`), one shared
         #: object per schema id.
@@ -108,6 +110,14 @@ class RegistryDecoder:
         except Exception as exc:  # noqa: BLE001 - a decoder's refusal of bad bytes comes in many classes
             raise ValueError(f"payload does not match schema id {schema_id}: {type(exc).__name__}: {exc}") from None
 
+    def avro_schema(self, schema_id: int) -> tuple[Any, WriterSchema]:
+        """The fastavro-parsed Avro schema of ``schema_id`` and its :class:`WriterSchema` (fetched once, as for
+        decoding); raises as :meth:`__call__` does for an unknown id or an unreachable registry."""
+        entry = self._by_id.get(schema_id)
+        if entry is None:
+            entry = self._by_id[schema_id] = self._load(schema_id)
+        return self._avro_parsed[schema_id], entry[1]
+
     def _versions(self, schema_id: int) -> list[tuple[str, int]]:
         return [(str(v.subject), int(v.version or 0)) for v in self.client.get_schema_versions(schema_id)]
 
@@ -121,7 +131,8 @@ class RegistryDecoder:
                               lambda subject, version: int(self.client.get_version(subject, version).schema_id or 0))
         try:
             if self.format == "avro":
-                return _avro(schema, named), writer
+                decode, self._avro_parsed[schema_id] = _avro(schema, named)
+                return decode, writer
             if self.format == "protobuf":
                 decode, writer.parsed = _protobuf(schema, self.client)
                 return decode, writer
@@ -159,8 +170,9 @@ class RegistryDecoder:
                                  f"delivery resumes when it answers", component="schema-registry") from None
 
 
-def _avro(schema: Any, references: Mapping[str, Any]) -> Decode:
-    """The decoder of an Avro writer's schema; ``references``: the raw schemas it references, by name."""
+def _avro(schema: Any, references: Mapping[str, Any]) -> tuple[Decode, Any]:
+    """The decoder of an Avro writer's schema, and the schema as fastavro parsed it; ``references``: the raw
+    schemas it references, by name."""
     from confluent_kafka.schema_registry.common.avro import parse_schema_with_repo
     from fastavro import schemaless_reader
 
@@ -187,7 +199,7 @@ def _avro(schema: Any, references: Mapping[str, Any]) -> Decode:
                 value[name] = jsonable(v)
         return value
 
-    return decode
+    return decode, parsed
 
 
 def _text_names(named: Mapping[str, Any]) -> frozenset[str]:

@@ -14,9 +14,10 @@ from typing import Any, Protocol
 
 from eosink.connectors.api.errors import FatalError, RecordError, RetryableError
 from eosink.connectors.api.records import UNDECODED, LazyJsonRecord, SinkRecord, TopicPartition
-from eosink.connectors.api.rows import RowRecord
+from eosink.connectors.api.rows import NativeRowTarget, RowRecord
 from eosink.connectors.common.jsoncodec import EnvelopeCutter
 from eosink.worker.engine import gcpause
+from eosink.worker.engine.avro_rows import AvroRows
 from eosink.worker.engine.converters import CONVERTERS, REGISTRY_FORMATS, converter, json_checked, json_value
 from eosink.worker.engine.kafka_errors import ConnectionWatch, authorization_error
 from eosink.worker.engine.progress import SourceProgress
@@ -67,11 +68,12 @@ class Batch:
 class RecordSource(Protocol):
     """Where a task's records come from.
 
-    A source may also offer ``poll_batch(..., min_s=..., on_chunk=..., rows=...)`` and say so with a
+    A source may also offer ``poll_batch(..., min_s=..., on_chunk=..., rows=..., native=...)`` and say so with a
     true ``incremental`` attribute (:class:`KafkaSource` does; the in-memory sources of the model tests
     need not): ``min_s`` ends a poll early once it has read everything available and is that old,
     ``on_chunk`` receives the batch's records in slices while it is still being read, and ``rows``
-    is a sink's row decoder (:class:`eosink.connectors.api.rows.RowDecoding`), which it may use.
+    is a sink's row decoder (:class:`eosink.connectors.api.rows.RowDecoding`), which it may use, and
+    ``native`` its target for native rows (:class:`eosink.connectors.api.rows.NativeRowDecoding`).
     """
 
     def assign(self, positions: Mapping[TopicPartition, int | None]) -> None:
@@ -191,6 +193,8 @@ class KafkaSource(SourceProgress):
         self._at_end: set[tuple[str, int]] = set()
         #: The last batch's records, freed a slice at a time while the next batch is decoded (see _poll_batch).
         self._last: list[SinkRecord] = []
+        #: Avro values decoded into the only sink's native rows, when it offers them (see poll_batch).
+        self._avro_rows: AvroRows | None = None
 
     def defer_json_decoding(self) -> bool:
         """Check JSON object and array values as they are read but decode them only when read
@@ -263,7 +267,8 @@ class KafkaSource(SourceProgress):
 
     def poll_batch(self, max_records: int, max_bytes: int, timeout_s: float, *, min_s: float | None = None,
                    on_chunk: Callable[[list[SinkRecord]], None] | None = None,
-                   rows: Callable[[], Callable[[bytes], Any] | None] | None = None) -> Batch:
+                   rows: Callable[[], Callable[[bytes], Any] | None] | None = None,
+                   native: Callable[[], NativeRowTarget | None] | None = None) -> Batch:
         """Read up to ``max_records`` / ``max_bytes`` for at most ``timeout_s``.
 
         ``min_s``: return as soon as everything available has been read (:meth:`caught_up`) and the
@@ -272,10 +277,11 @@ class KafkaSource(SourceProgress):
         record once) as they are decoded, so a sink can start writing while the rest is read. ``rows``:
         the only sink's ``row_decoder`` (:class:`eosink.connectors.api.rows.RowDecoding`), asked once
         per fetched slice; a JSON value it decodes becomes a :class:`RowRecord`, any other is decoded
-        by the converter as without it."""
+        by the converter as without it. ``native``: the only sink's ``native_row_target``
+        (:class:`eosink.connectors.api.rows.NativeRowDecoding`), used instead with ``value.converter=avro``."""
         gcpause.pause()
         try:
-            batch = self._poll_batch(max_records, max_bytes, timeout_s, min_s, on_chunk, rows)
+            batch = self._poll_batch(max_records, max_bytes, timeout_s, min_s, on_chunk, rows, native)
             batch.fresh = True  # every record in it was decoded anew, for this batch alone
             return batch
         finally:
@@ -283,7 +289,8 @@ class KafkaSource(SourceProgress):
 
     def _poll_batch(self, max_records: int, max_bytes: int, timeout_s: float, min_s: float | None = None,
                     on_chunk: Callable[[list[SinkRecord]], None] | None = None,
-                    rows: Callable[[], Callable[[bytes], Any] | None] | None = None) -> Batch:
+                    rows: Callable[[], Callable[[bytes], Any] | None] | None = None,
+                    native: Callable[[], NativeRowTarget | None] | None = None) -> Batch:
         from confluent_kafka import KafkaError
 
         if self._commit_refused is not None:
@@ -299,6 +306,11 @@ class KafkaSource(SourceProgress):
             rows = None  # a row stands for the value only where the value is the JSON of raw_value
         #: A Schema Registry converter: each record carries the writer's schema it was decoded with.
         registry: Any = decode if self.converter in REGISTRY_FORMATS else None
+        row_class: type[SinkRecord] = RowRecord
+        if native is not None and self.converter == "avro" and unwrap is None:
+            if self._avro_rows is None or self._avro_rows.target_of != native:
+                self._avro_rows = AvroRows(decode, native)
+            rows, row_class = self._avro_rows, self._avro_rows.record_class
         row = None
         started = time.monotonic()
         deadline = started + timeout_s
@@ -398,7 +410,9 @@ class KafkaSource(SourceProgress):
                     break
                 if typed:  # the value slot holds the row, the headers slot the message (RowRecord converts them if read)
                     rec = SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw, m, m.timestamp()[1])
-                    rec.__class__ = RowRecord
+                    rec.__class__ = row_class
+                    if registry is not None:
+                        rec.value_schema = registry.schema
                 else:
                     headers = m.headers()
                     rec = SinkRecord(m.topic(), m.partition(), m.offset(), key, value, raw if keep_raw else None,
