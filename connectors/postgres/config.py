@@ -184,11 +184,6 @@ class Settings:
     filter: FieldFilter | None
     relkinds: tuple[str, ...]
 
-    @property
-    def staged(self) -> bool:
-        """Modes that merge through the staging table: upsert, update, deletes."""
-        return self.insert_mode != "insert" or self.delete_enabled
-
 
 def settings(connector: str, raw: Mapping[str, Any], c: Mapping[str, Any]) -> Settings:
     """Cross-key rules on the parsed config ``c`` (``raw``: as given, to tell a default from a choice)."""

@@ -1,8 +1,13 @@
-"""The PostgreSQL sink's insert mode: each ``write`` COPYed into the open two-phase transaction.
+"""The PostgreSQL sink's insert and upsert modes: each ``write`` COPYed into the open two-phase transaction.
 
 The engine hands a sink its batch in slices while it is still reading the rest: PostgreSQL parses
 and stores the rows on its own core meanwhile, and the prepare (:mod:`eosink.connectors.postgres.sink`)
-only adds the manifest, the fence and the proof of commit before PREPARE. Any record the stream
+only adds the manifest, the fence and the proof of commit before PREPARE. Insert mode COPYs into the
+target; upsert mode into the transaction's staging table (:mod:`eosink.connectors.postgres.stage`),
+every record with its offset and position in the batch, and the end of the stream merges it into the
+target in one ``INSERT ... SELECT DISTINCT ON (pk) ... ON CONFLICT`` (the last record per key wins,
+as when the client dedupes the batch) and drops the stage. So the prepare of an upsert is left with
+that one statement, instead of deduplicating, encoding and copying the whole batch first. Any record the stream
 cannot take ends it, and the prepare writes the whole batch as it would without streaming. Once a
 stream has run without a hitch, the sink offers the engine a row type for its table's columns
 (:meth:`StreamingCopy.row_decoder`), and records come decoded straight into those rows.
@@ -16,11 +21,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from psycopg import Xid
+from psycopg import Xid, sql
 
 from eosink.connectors.api.records import SinkRecord
 from eosink.connectors.api.sink import BatchingSink
 from eosink.connectors.postgres import copy as pgc
+from eosink.connectors.postgres import schema as pgs
+from eosink.connectors.postgres import stage as pgstage
 from eosink.connectors.postgres.connection import PostgresConnections
 from eosink.connectors.postgres.tables import Groups, TableCache, TableKey
 
@@ -38,6 +45,9 @@ class _Stream:
     #: The values of the rows written, in order (the prepare's groups, without building them again): a
     #: slice that does not fit whole ends the stream, so there is a row for each of them.
     values: list[Any] = field(default_factory=list)
+    #: Upsert: the transaction's staging table, and the statements that end the stream (see :func:`_merge_plan`).
+    stage: sql.Identifier | None = None
+    merge: list[sql.Composed] = field(default_factory=list)
 
 
 class _NotStreamed(Exception):
@@ -50,7 +60,8 @@ class StreamingCopy(PostgresConnections, BatchingSink):
 
     _tables: TableCache
     kafka: bool
-    #: Insert mode without deletes streams; the rest writes at prepare.
+    mode: str
+    #: Insert and upsert modes without deletes stream; the rest writes at prepare.
     _streams: bool
     _stream: _Stream | None
     _stream_off: bool  # this txn's batch is written at prepare (not streamed, or given up)
@@ -111,19 +122,22 @@ class StreamingCopy(PostgresConnections, BatchingSink):
                 shape = pgc.Shape.of(self._tables[key], tuple(values[0]), self.kafka)
             else:
                 raise _NotStreamed("not a batch of JSON objects")
-            st = self._open_stream(key, shape, recs[0])
+            st = self._open_stream(key, shape, recs)
         elif key != st.key:
             raise _NotStreamed("records for another table")
         if self._tables.unverified(key, recs):  # a new schema version mid-cycle: its DDL runs before the prepare
             raise _NotStreamed("a writer's schema not yet checked against the table")
-        done = pgc.copy_rows(st.write_row, st.shape, recs, values, self.config["auto.evolve"])
+        ordinal = len(st.values) if st.stage is not None else None  # the stream starts with the batch
+        done = pgc.copy_rows(st.write_row, st.shape, recs, values, self.config["auto.evolve"], ordinal)
         st.values += values
         if done != len(recs):
             raise _NotStreamed("records of another shape")
 
-    def _open_stream(self, key: TableKey, shape: pgc.Shape, first: SinkRecord) -> _Stream:
+    def _open_stream(self, key: TableKey, shape: pgc.Shape, recs: list[SinkRecord]) -> _Stream:
         assert self._txn_id is not None
-        pgc.check_shape(shape, first)
+        pgc.check_shape(shape, recs[0])
+        table = self._tables[key]
+        merge = _merge_plan(table, shape, self._tables.pk(recs)) if self.mode == "upsert" else None
         xid = self._xid(self._txn_id)
         conn = self._tcon(wait=False)
         if conn is None:  # every two-phase connection of the worker's pool is in use: write at prepare
@@ -133,13 +147,20 @@ class StreamingCopy(PostgresConnections, BatchingSink):
             with contextlib.ExitStack() as opened:  # on a failure: the COPY failed, the cursor closed
                 conn.tpc_begin(xid)
                 cur = opened.enter_context(conn.cursor())
-                cp = opened.enter_context(cur.copy(shape.copy_statement(self._tables[key].ident)))
-                cp.set_types(list(shape.types))
+                extra: tuple[str, ...]
+                if merge is None:
+                    stage, target, extra, types = None, table.ident, (), shape.types
+                else:
+                    stage = pgstage.create(cur, table, shape.all_cols, ordered=True)
+                    target, extra, types = stage, pgstage.ORDER, shape.types + pgstage.ORDER_TYPES
+                cp = opened.enter_context(cur.copy(shape.copy_statement(target, extra)))
+                cp.set_types(list(types))
                 closer = opened.pop_all()
         except BaseException:
             self._rollback_tx()
             raise
-        self._stream = _Stream(key, shape, closer, cp.write_row)
+        self._stream = _Stream(key, shape, closer, cp.write_row, stage=stage,
+                               merge=merge(stage) if merge is not None and stage is not None else [])
         self._row_shape = shape if shape.row_type is not None else None
         return self._stream
 
@@ -168,9 +189,42 @@ class StreamingCopy(PostgresConnections, BatchingSink):
             return None
         try:
             st.closer.close()
+            if st.stage is not None:
+                self._merge(st)
         except Exception as exc:  # noqa: BLE001 - e.g. a row the server refused: written again, and named, at prepare
             log.debug("txn %s: streamed rows refused (%s); writing the batch at prepare", self._txn_id, exc)
             self._row_shape = None
             self._rollback_tx()
             return None
         return {st.key: (records, st.values)}
+
+    def _merge(self, st: _Stream) -> None:
+        """Upsert: run the stream's closing statements (:func:`_merge_plan`) in the open transaction.
+        A null key refuses the stream, so that the prepare names the record as it always has."""
+        conn = self._tx
+        assert conn is not None
+        with conn.cursor() as cur:
+            for statement in st.merge:
+                cur.execute(statement)
+                row = cur.fetchone() if cur.description is not None else None
+                if row is not None and row[0]:
+                    raise _NotStreamed("a record with a null key")
+
+
+def _merge_plan(table: pgs.Table, shape: pgc.Shape, pk: list[str]) -> Callable[[sql.Identifier], list[sql.Composed]]:
+    """What ends an upsert's stream into ``stage``: [the null-key probe (when a key column is
+    nullable),] the merge, the DROP. Raises :class:`_NotStreamed` for a shape whose key the client
+    must check itself (a missing or JSON key column) or that has a column named like the stage's
+    order columns: the prepare writes such a batch."""
+    if not pk or any(c not in shape.cols or table.columns[c].kind == pgs.JSON for c in pk):
+        raise _NotStreamed("a key the records' shape does not carry as a plain column")
+    if set(pgstage.ORDER) & set(shape.all_cols):
+        raise _NotStreamed("a field named like the staging table's order columns")
+    nullable = any(not table.columns[c].notnull for c in pk)
+
+    def plan(stage: sql.Identifier) -> list[sql.Composed]:
+        probe = [pgstage.null_key(pk, stage)] if nullable else []
+        return [*probe, pgstage.merge(table, shape.all_cols, pk, stage, ordered=True),
+                pgstage.drop_statement(stage)]
+
+    return plan
