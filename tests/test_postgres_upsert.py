@@ -15,6 +15,7 @@ from psycopg import sql
 
 from eosink.connectors.api.errors import RecordError
 from eosink.connectors.postgres import stage as pgstage
+from eosink.connectors.postgres.streaming import DIRECT_PAUSE
 from eosink.worker.stack import Endpoints
 from tests.procs import WorkerProcess, publish, register, wait_until
 from tests.sinkkit import manifest_for as manifest
@@ -51,6 +52,7 @@ def test_streamed_upsert_keeps_the_last_record_per_key_across_slices(
     batch += records(topic, [{"id": 1, "v": "c"}, {"id": 5, "v": "p2@7"}, {"id": 3, "v": "last"}], partition=2, start=7)
     txn = f"{unique}.w1.1.1"
     caplog.set_level(logging.DEBUG, logger="eosink.connectors.postgres.sink")
+    sink._direct_pause = 1  # as after a direct COPY met a known key: this stream goes through the stage
     sink.begin_transaction(txn)
     for part in (batch[:2], batch[2:5], batch[5:]):
         sink.write(part)
@@ -64,6 +66,34 @@ def test_streamed_upsert_keeps_the_last_record_per_key_across_slices(
         (0, "seed", 9, 0), (1, "b", 1, 50), (2, "seed", 9, 2), (3, "last", 2, 9), (5, "p1@50", 1, 51)
     ]
     assert stages(pg, table) == []
+
+
+def test_upsert_of_new_keys_is_copied_straight_in_and_a_known_key_falls_back_to_the_merge(
+    make_sink: MakeSink, pg: PG, topic: str, table: str, unique: str
+) -> None:
+    sink = make_sink(UPSERT)
+    new = records(topic, [{"id": i, "v": "new"} for i in range(5)])
+    sink.begin_transaction(f"{unique}.w1.1.1")
+    sink.write(new)
+    assert sink._stream is not None and sink._stream.direct and sink._stream.stage is None
+    sink.pre_commit(manifest(f"{unique}.w1.1.1", sink.connector, new))
+    sink.commit(f"{unique}.w1.1.1")
+    assert rows(pg, table, "id, v", "id") == [(i, "new") for i in range(5)] and sink._direct_pause == 0
+    # key 4 is known, key 7 comes twice: the direct COPY is refused, the merge keeps the last per key
+    again = records(topic, [{"id": 7, "v": "x"}, {"id": 4, "v": "upd"}, {"id": 7, "v": "last"}], start=5)
+    sink.begin_transaction(f"{unique}.w1.1.2")
+    sink.write(again)
+    sink.pre_commit(manifest(f"{unique}.w1.1.2", sink.connector, again))
+    sink.commit(f"{unique}.w1.1.2")
+    assert rows(pg, table, "id, v", "id") == [(i, "new") for i in range(4)] + [(4, "upd"), (7, "last")]
+    assert sink._direct_pause == DIRECT_PAUSE, "a key met again sends the next streams through the stage"
+    later = records(topic, [{"id": 8, "v": "s"}], start=8)
+    sink.begin_transaction(f"{unique}.w1.1.3")
+    sink.write(later)
+    assert sink._stream is not None and not sink._stream.direct and sink._stream.stage is not None
+    sink.pre_commit(manifest(f"{unique}.w1.1.3", sink.connector, later))
+    sink.commit(f"{unique}.w1.1.3")
+    assert count(pg, table) == 7 and stages(pg, table) == []
 
 
 def test_streamed_upsert_refuses_a_null_key_by_name_with_a_nullable_unique_key(

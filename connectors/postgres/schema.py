@@ -85,6 +85,7 @@ class Table:
     schema: str | None
     name: str
     columns: dict[str, Column] = field(default_factory=dict)
+    #: Column sets of the immediate, non-partial unique indexes (what ON CONFLICT can name; a deferrable one it cannot).
     unique_sets: set[frozenset[str]] = field(default_factory=set)
     relkind: str = "r"  # pg_class.relkind: r (table) or p (partitioned table)
 
@@ -188,7 +189,7 @@ ORDER BY a.attnum
 _UNIQUE_SQL = """
 SELECT array_agg(a.attname::text)
 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
-WHERE i.indrelid = %s AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
+WHERE i.indrelid = %s AND i.indisunique AND i.indimmediate AND i.indpred IS NULL AND i.indexprs IS NULL
 GROUP BY i.indexrelid
 """
 _RELATION_SQL = """

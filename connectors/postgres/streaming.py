@@ -7,7 +7,16 @@ target; upsert mode into the transaction's staging table (:mod:`eosink.connector
 every record with its offset and position in the batch, and the end of the stream merges it into the
 target in one ``INSERT ... SELECT DISTINCT ON (pk) ... ON CONFLICT`` (the last record per key wins,
 as when the client dedupes the batch) and drops the stage. So the prepare of an upsert is left with
-that one statement, instead of deduplicating, encoding and copying the whole batch first. Any record the stream
+that one statement, instead of deduplicating, encoding and copying the whole batch first.
+
+**Upserts of new keys.** When every key of a batch is new (no row has it, no two records share
+it), the upsert is exactly an insert. So an upsert stream first COPYs straight into the target, as
+insert mode does - when the key is the target's PRIMARY KEY or an immediate UNIQUE index on NOT NULL
+columns, so the server refuses any key it already has or sees twice (23505). The first such
+refusal ends the stream like any other, the prepare merges the whole batch through its stage, and
+the next :data:`DIRECT_PAUSE` upsert streams go through the stage without trying: a table whose
+keys keep coming back costs at most one wasted stream in that many, one of new keys none of the
+merge's work (about a third of an upsert cycle of new keys, measured). Any record the stream
 cannot take ends it, and the prepare writes the whole batch as it would without streaming. Once a
 stream has run without a hitch, the sink offers the engine a row type for its table's columns
 (:meth:`StreamingCopy.row_decoder`), and records come decoded straight into those rows.
@@ -21,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from psycopg import Xid, sql
 
 from eosink.connectors.api.records import SinkRecord
@@ -32,6 +42,8 @@ from eosink.connectors.postgres.connection import PostgresConnections
 from eosink.connectors.postgres.tables import Groups, TableCache, TableKey
 
 log = logging.getLogger("eosink.connectors.postgres.sink")
+#: Upsert streams that go through the stage after a key the direct COPY met again (see the module docstring).
+DIRECT_PAUSE = 16
 
 
 @dataclass(slots=True)
@@ -48,6 +60,8 @@ class _Stream:
     #: Upsert: the transaction's staging table, and the statements that end the stream (see :func:`_merge_plan`).
     stage: sql.Identifier | None = None
     merge: list[sql.Composed] = field(default_factory=list)
+    #: Upsert COPYing straight into the target (every key new, else 23505 ends the stream).
+    direct: bool = False
 
 
 class _NotStreamed(Exception):
@@ -67,6 +81,8 @@ class StreamingCopy(PostgresConnections, BatchingSink):
     _stream_off: bool  # this txn's batch is written at prepare (not streamed, or given up)
     _row_shape: pgc.Shape | None
     _xid: Callable[[str], Xid]
+    #: Upsert streams still to go through the stage before a direct COPY is tried again.
+    _direct_pause: int = 0
 
     def row_decoder(self) -> Callable[[bytes], Any] | None:
         """Decode JSON values straight into the streamed COPY's rows (see
@@ -101,6 +117,7 @@ class StreamingCopy(PostgresConnections, BatchingSink):
         except Exception as exc:  # noqa: BLE001 - the prepare writes the batch and reports what is wrong
             log.debug("txn %s: rows written at prepare instead of streamed (%s: %s)", self._txn_id,
                       type(exc).__name__, exc)
+            self._note_failure(self._stream, exc)
             self._drop_stream()
 
     def _stream_rows(self, records: list[SinkRecord]) -> None:
@@ -137,7 +154,15 @@ class StreamingCopy(PostgresConnections, BatchingSink):
         assert self._txn_id is not None
         pgc.check_shape(shape, recs[0])
         table = self._tables[key]
-        merge = _merge_plan(table, shape, self._tables.pk(recs)) if self.mode == "upsert" else None
+        merge = None
+        if self.mode == "upsert":
+            pk = self._tables.pk(recs)
+            merge = _merge_plan(table, shape, pk)
+            if self._direct_pause > 0:
+                self._direct_pause -= 1
+            elif _keyed(table, pk):
+                merge = None  # new keys go straight in; a known one ends the stream (see DIRECT_PAUSE)
+        direct = self.mode == "upsert" and merge is None
         xid = self._xid(self._txn_id)
         conn = self._tcon(wait=False)
         if conn is None:  # every two-phase connection of the worker's pool is in use: write at prepare
@@ -160,7 +185,7 @@ class StreamingCopy(PostgresConnections, BatchingSink):
             self._rollback_tx()
             raise
         self._stream = _Stream(key, shape, closer, cp.write_row, stage=stage,
-                               merge=merge(stage) if merge is not None and stage is not None else [])
+                               merge=merge(stage) if merge is not None and stage is not None else [], direct=direct)
         self._row_shape = shape if shape.row_type is not None else None
         return self._stream
 
@@ -192,11 +217,17 @@ class StreamingCopy(PostgresConnections, BatchingSink):
             if st.stage is not None:
                 self._merge(st)
         except Exception as exc:  # noqa: BLE001 - e.g. a row the server refused: written again, and named, at prepare
+            self._note_failure(st, exc)
             log.debug("txn %s: streamed rows refused (%s); writing the batch at prepare", self._txn_id, exc)
             self._row_shape = None
             self._rollback_tx()
             return None
         return {st.key: (records, st.values)}
+
+    def _note_failure(self, st: _Stream | None, exc: Exception) -> None:
+        """A direct upsert stream met a key again: the next :data:`DIRECT_PAUSE` go through the stage."""
+        if st is not None and st.direct and isinstance(exc, psycopg.errors.UniqueViolation):
+            self._direct_pause = DIRECT_PAUSE
 
     def _merge(self, st: _Stream) -> None:
         """Upsert: run the stream's closing statements (:func:`_merge_plan`) in the open transaction.
@@ -209,6 +240,12 @@ class StreamingCopy(PostgresConnections, BatchingSink):
                 row = cur.fetchone() if cur.description is not None else None
                 if row is not None and row[0]:
                     raise _NotStreamed("a record with a null key")
+
+
+def _keyed(table: pgs.Table, pk: list[str]) -> bool:
+    """Does the server refuse a second row of a key, whatever the rows? (An immediate unique index on
+    exactly the key, NOT NULL columns: :attr:`~eosink.connectors.postgres.schema.Table.unique_sets`.)"""
+    return bool(pk) and frozenset(pk) in table.unique_sets and all(table.columns[c].notnull for c in pk)
 
 
 def _merge_plan(table: pgs.Table, shape: pgc.Shape, pk: list[str]) -> Callable[[sql.Identifier], list[sql.Composed]]:
