@@ -184,6 +184,12 @@ class Settings:
     filter: FieldFilter | None
     relkinds: tuple[str, ...]
 
+    @property
+    def staged(self) -> bool:
+        """Modes that create a staging table in their transactions (upsert, update, deletes): the
+        role needs CREATE on the target's schema for every cycle, not only for auto.create."""
+        return self.insert_mode != "insert" or self.delete_enabled
+
 
 def settings(connector: str, raw: Mapping[str, Any], c: Mapping[str, Any]) -> Settings:
     """Cross-key rules on the parsed config ``c`` (``raw``: as given, to tell a default from a choice)."""
