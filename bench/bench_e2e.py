@@ -270,10 +270,13 @@ def run_e2e(args: argparse.Namespace, ep: Any, topic: str, tag: str, logdir: Pat
              "--rest-host", "127.0.0.1", *getattr(args, "worker_args", [])], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     spy: subprocess.Popen[bytes] | None = None
     config: dict[str, Any] = {
-        "connector.class": "postgres", "topics": topic, "connection.url": ep.postgres_dsn, "insert.mode": "insert",
+        "connector.class": "postgres", "topics": topic, "connection.url": ep.postgres_dsn,
+        "insert.mode": getattr(args, "insert_mode", "insert"),
         "auto.create": "true", "table.name.format": table, "tasks.max": "1",
         "commit.interval.ms": str(args.commit_interval_ms),
     }
+    if config["insert.mode"] != "insert":  # every order id is distinct: the merge path, not deduplication, is measured
+        config |= {"pk.mode": "record_value", "pk.fields": "id"}
     if getattr(args, "envelope", False):
         config["value.converter.schemas.enable"] = "true"
     config.update(getattr(args, "converter_config", {}))
@@ -487,6 +490,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--avro-record", choices=("order", "typed"), default="order", help="with --format avro: the order "
                     "(long, strings, double) or a record with a decimal, a timestamp-millis and bytes (bench/e2e_avro.py)")
     ap.add_argument("--commit-interval-ms", type=int, default=1000)
+    ap.add_argument("--insert-mode", choices=("insert", "upsert", "update"), default="insert",
+                    help="the connector's insert.mode (upsert/update: pk.mode=record_value, pk.fields=id); "
+                         "figures are published for insert only")
     ap.add_argument("--batch-max-records", type=int, default=0, help="0: the connector default")
     ap.add_argument("--batch-max-bytes", type=int, default=0, help="0: the connector default")
     ap.add_argument("--consumer", action="append", default=[], metavar="KEY=VALUE",
@@ -550,6 +556,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     kind = ", records with the outbox headers" if args.outbox_headers else ""
     kind += ", values in Kafka Connect's schemas.enable envelope" if args.envelope else ""
     name = "e2e" + ("-outbox-headers" if args.outbox_headers else "") + ("-envelope" if args.envelope else "")
+    if args.insert_mode != "insert":
+        args.publish = False  # the published figure is insert mode's
     published.maybe_publish(args, lambda: published.figure(
         name, title=TITLE + kind, measures=MEASURES,
         baseline=BASELINE, conditions=conditions(args, e2e), unit="records/s", rows=figure_rows(e2e, raw, kind),

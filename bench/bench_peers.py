@@ -22,7 +22,7 @@ Debezium is tuned as its documentation advises for throughput: ``batch.size=5000
 ``reWriteBatchedInserts=true``. Both Connect peers run with the JVM options of Kafka's own scripts.
 
     python bench/bench_peers.py [--records 1000000] [--partitions 4] [--only postgres|iceberg]
-        [--commit-interval-ms 5000] [--publish]
+        [--modes insert,upsert] [--commit-interval-ms 5000] [--publish]
 
 Needs the local stack (``eosink stack up``, or EOSINK_HOME pointing at a running one), ``java`` 17+ and,
 once, ``mvn`` (the plugins' jars are resolved into the cache from worker/stack/jvm/*/pom.xml).
@@ -166,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--only", choices=("postgres", "iceberg"), default=None)
+    ap.add_argument("--modes", default="insert,upsert",
+                    help="PostgreSQL comparisons to run, comma-separated: insert, upsert (all of them to --publish)")
     ap.add_argument("--commit-interval-ms", type=int, default=5000, help="Iceberg: both sides' commit interval")
     ap.add_argument("--poll-s", type=float, default=0.25)
     ap.add_argument("--timeout-s", type=float, default=1800.0)
@@ -177,6 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from eosink.worker.stack import load_endpoints
 
+    modes = [m for m in ("insert", "upsert") if m in args.modes.split(",")]
+    if not modes or set(args.modes.split(",")) - {"insert", "upsert"}:
+        ap.error(f"--modes: a comma-separated subset of insert,upsert, not {args.modes!r}")
     ep = load_endpoints()
     n = args.records
     topic = f"bench-peers-envelope-{n}-{args.partitions}p"
@@ -189,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pairs: list[tuple[str, Run, Run]] = []
     try:
         if args.only in (None, "postgres"):
-            for mode in ("insert", "upsert"):
+            for mode in modes:
                 os.sync()
                 peer, eos = postgres_pair(ep, topic, n, mode, tag, workdir, args)
                 pairs.append((mode, peer, eos))

@@ -12,8 +12,9 @@ exactly the position the failure left the role in.
 
 What the sink needs (measured against ``eosink_sink`` in ``tests/test_secure_sinks.py``):
 
-- its schema: USAGE; CREATE when it creates tables (bookkeeping at first start, ``auto.create``,
-  ``auto.evolve`` on a staging table);
+- its schema: USAGE; CREATE when it creates tables (bookkeeping at first start, ``auto.create``)
+  and in every cycle of an upsert, an update or a delete (its staging table lives in the target's
+  schema for the length of the transaction: :mod:`eosink.connectors.postgres.stage`);
 - ``eosink_txn_manifest``: SELECT, INSERT, UPDATE, DELETE; ``eosink_offsets``: SELECT, INSERT,
   UPDATE; ``eosink_committed_txns``: SELECT, INSERT, DELETE;
 - a target table: INSERT (insert mode); upsert adds SELECT and UPDATE, update mode SELECT and
@@ -58,7 +59,7 @@ def target_privileges(settings: Settings) -> tuple[str, ...]:
 
 
 def needs(settings: Settings, targets: Iterable[TableKey]) -> dict[TableKey, tuple[str, ...]]:
-    """Per table, the privileges the sink needs: bookkeeping tables and targets (with staging for staged modes)."""
+    """Per table, the privileges the sink needs: bookkeeping tables and targets."""
     wanted: dict[TableKey, tuple[str, ...]] = {(None, t): p for t, p in BOOKKEEPING.items()}
     for key in targets:
         wanted[key] = target_privileges(settings)

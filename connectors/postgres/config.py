@@ -186,7 +186,8 @@ class Settings:
 
     @property
     def staged(self) -> bool:
-        """Modes that merge through the staging table: upsert, update, deletes."""
+        """Modes that create a staging table in their transactions (upsert, update, deletes): the
+        role needs CREATE on the target's schema for every cycle, not only for auto.create."""
         return self.insert_mode != "insert" or self.delete_enabled
 
 

@@ -265,7 +265,7 @@ class PostgresConnections:
         try:
             role = conn.execute("SELECT current_user").fetchone()
             wanted = access.needs(self.settings, self._target_tables())
-            lacking = access.missing(conn, wanted, create=bool(self.config["auto.create"]))
+            lacking = access.missing(conn, wanted, create=bool(self.config["auto.create"]) or self.settings.staged)
             return [str(role[0] if role else "?"), *lacking] if lacking else []
         except psycopg.Error:
             return []

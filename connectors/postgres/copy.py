@@ -34,6 +34,7 @@ from psycopg.types.string import BytesBinaryDumper
 from eosink.connectors.api.errors import ConfigError, RecordError
 from eosink.connectors.api.records import SinkRecord
 from eosink.connectors.postgres import schema as pgs
+from eosink.connectors.postgres import stage as pgstage
 from eosink.connectors.postgres.rejects import NeedsDDL, RowRejected, error_line, non_object_error, record_error
 from eosink.connectors.postgres.schema import ALLOWED, BINARY_KINDS, GENERATED, KAFKA_COLUMN_NAMES, Column, Table
 
@@ -119,10 +120,11 @@ class Shape:
     def all_cols(self) -> tuple[str, ...]:
         return self.cols + (KAFKA_COLUMN_NAMES if self.kafka else ())
 
-    def copy_statement(self, target: sql.Identifier) -> sql.Composed:
+    def copy_statement(self, target: sql.Identifier, extra: tuple[str, ...] = ()) -> sql.Composed:
+        """``COPY target (the shape's columns, then ``extra``) FROM STDIN``, binary when it can be."""
         fmt = " (FORMAT BINARY)" if self.binary else ""
         return sql.SQL("COPY {} ({}) FROM STDIN" + fmt).format(  # fmt: one of two constants
-            target, sql.SQL(", ").join(map(sql.Identifier, self.all_cols))
+            target, sql.SQL(", ").join(map(sql.Identifier, self.all_cols + extra))
         )
 
     def check(self, vals: tuple[Any, ...], rec: SinkRecord) -> None:
@@ -230,10 +232,12 @@ def check_shape(shape: Shape, first: SinkRecord) -> None:
 
 
 def copy_rows(write: Callable[[tuple[Any, ...]], None], shape: Shape, recs: Sequence[SinkRecord],
-              values: Sequence[Any], evolve: bool) -> int:
+              values: Sequence[Any], evolve: bool, ordinal: int | None = None) -> int:
     """Write the leading records that fit ``shape`` as rows with ``write`` (an open COPY's
     ``write_row``); return how many. Stops at the first record with other keys. Raises
-    :class:`RecordError` for a value of the wrong type and :class:`NeedsDDL` for a new field."""
+    :class:`RecordError` for a value of the wrong type and :class:`NeedsDDL` for a new field.
+    ``ordinal``: each row ends with the record's offset and its position in the batch (``ordinal``
+    for the first record), the columns a streamed upsert dedupes by (:data:`stage.ORDER`)."""
     getter, n, fits, kafka = shape.getter, len(shape.keys), shape.fits, shape.kafka
     exact = frozenset(shape.keys) if shape.unknown else None
     typed, native = shape.row_type, shape.native
@@ -258,8 +262,11 @@ def copy_rows(write: Callable[[tuple[Any, ...]], None], shape: Shape, recs: Sequ
                 shape.check_unknown(v, r, evolve)
             if not fits(vals):
                 shape.check(vals, r)
+        row = vals + (r.topic, r.partition, r.offset) if kafka else vals
+        if ordinal is not None:
+            row += (r.offset, ordinal + count)
         try:
-            write(vals + (r.topic, r.partition, r.offset) if kafka else vals)
+            write(row)
         except (psycopg.OperationalError, psycopg.InterfaceError, MemoryError):
             raise  # the connection or the process, not the value
         except Exception as exc:  # noqa: BLE001 - a dumper refusing the value (OverflowError, struct.error, ...)
@@ -352,20 +359,17 @@ def write_upsert(
     evolve: bool,
     pk: Sequence[str],
 ) -> None:
-    """Upsert mode: dedupe by key, COPY into the staging table, merge with ON CONFLICT.
-
-    Per shape: ``COPY stage``, ``INSERT INTO target (cols) SELECT cols FROM stage ON CONFLICT
-    (pk) DO UPDATE SET <the shape's non-key columns> = EXCLUDED...``, ``DELETE FROM stage``. Other
-    transactions never see the staged rows (uncommitted, then deleted in the same transaction),
-    so concurrent workers share one staging table per target. A field a record lacks keeps the
-    existing row's value on update and gets the DEFAULT on insert.
+    """Upsert mode, the batch written at prepare: dedupe by key, then per shape ``COPY stage``,
+    ``INSERT INTO target (cols) SELECT cols FROM stage ON CONFLICT (pk) DO UPDATE SET <the shape's
+    non-key columns> = EXCLUDED...`` and ``DROP`` the stage, which lives only in this transaction
+    (:mod:`eosink.connectors.postgres.stage`). A field a record lacks keeps the existing row's value
+    on update and gets the DEFAULT on insert.
     """
     if not recs:
         return
     keep = latest_per_key(recs, values, pk)
     recs = [recs[i] for i in keep]
     values = [values[i] for i in keep]
-    pk_set = set(pk)
     for keys, idx in group_by_shape(recs, values).items():
         shape = Shape.of(table, keys, kafka)
         missing = [f for f in pk if f not in shape.cols]
@@ -373,25 +377,14 @@ def write_upsert(
             raise ConfigError(f"table {table.display} has no column {missing[0]!r} of pk.fields", key="pk.fields")
         sub_r = [recs[i] for i in idx]
         sub_v = [values[i] for i in idx]
-        copy_run(cur, shape, sub_r, sub_v, table.stage_ident, evolve)
-        cols = sql.SQL(", ").join(map(sql.Identifier, shape.all_cols))
-        updates = [c for c in shape.all_cols if c not in pk_set]
-        action = (
-            sql.SQL("DO UPDATE SET {}").format(
-                sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in updates)
-            )
-            if updates
-            else sql.SQL("DO NOTHING")
-        )
+        check_shape(shape, sub_r[0])
+        stage = pgstage.create(cur, table, shape.all_cols)
+        copy_run(cur, shape, sub_r, sub_v, stage, evolve)
         try:
-            cur.execute(
-                sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) {}").format(
-                    table.ident, cols, cols, table.stage_ident, sql.SQL(", ").join(map(sql.Identifier, pk)), action
-                )
-            )
+            cur.execute(pgstage.merge(table, shape.all_cols, pk, stage))
         except (psycopg.DataError, psycopg.IntegrityError) as exc:
             raise RowRejected(table, None, exc) from exc
-        cur.execute(sql.SQL("DELETE FROM {}").format(table.stage_ident))
+        pgstage.drop(cur, stage)
 
 
 __all__ = [

@@ -1,10 +1,10 @@
 """Deletes (``delete.enabled``) and updates (``insert.mode=update``) by primary key, batched.
 
-Both go through the table's staging table, as upserts do (:func:`eosink.connectors.postgres.copy.write_upsert`):
-one ``COPY stage`` of the batch's keys (and, for updates, values), one set-based statement
-against the target, one ``DELETE FROM stage`` - three round trips per table and shape, never one
-per record. Staged rows are uncommitted and deleted in their own transaction, so concurrent
-workers sharing the staging table never see each other's.
+Both go through a staging table, as upserts do (:func:`eosink.connectors.postgres.copy.write_upsert`):
+per table and shape, the stage created in the transaction, one ``COPY stage`` of the batch's keys
+(and, for updates, values), one set-based statement against the target, the stage dropped -
+never a round trip per record. The stage exists only inside its transaction, so no other session
+sees it and none is left behind (:mod:`eosink.connectors.postgres.stage`).
 
 **Tombstone order.** Within a batch the last record per key wins, as if the records were applied
 one by one: an insert then a tombstone of that key leaves no row; a tombstone then an insert
@@ -24,7 +24,8 @@ from psycopg import sql
 
 from eosink.connectors.api.errors import ConfigError
 from eosink.connectors.api.records import SinkRecord
-from eosink.connectors.postgres.copy import Shape, copy_run, group_by_shape, latest_per_key
+from eosink.connectors.postgres import stage as pgstage
+from eosink.connectors.postgres.copy import Shape, check_shape, copy_run, group_by_shape, latest_per_key
 from eosink.connectors.postgres.rejects import RowRejected, record_error
 from eosink.connectors.postgres.schema import Table
 
@@ -88,18 +89,19 @@ def _pk_columns(table: Table, shape: Shape, pk: Sequence[str]) -> None:
 
 def write_delete(cur: psycopg.Cursor[Any], table: Table, recs: Sequence[SinkRecord], keys: Sequence[dict[str, Any]],
                  pk: Sequence[str]) -> None:
-    """``COPY stage (pk)``, ``DELETE FROM target USING stage`` on every key column, empty the stage."""
+    """``COPY stage (pk)``, ``DELETE FROM target USING stage`` on every key column, drop the stage."""
     if not recs:
         return
     shape = Shape.of(table, tuple(pk), False)
     _pk_columns(table, shape, pk)
-    done = copy_run(cur, shape, recs, keys, table.stage_ident, False)
+    stage = pgstage.create(cur, table, shape.all_cols)
+    done = copy_run(cur, shape, recs, keys, stage, False)
     assert done == len(recs), "key rows have exactly the key's fields"
     try:
-        cur.execute(sql.SQL("DELETE FROM {} AS t USING {} AS s WHERE {}").format(table.ident, table.stage_ident, _match(pk)))
+        cur.execute(sql.SQL("DELETE FROM {} AS t USING {} AS s WHERE {}").format(table.ident, stage, _match(pk)))
     except (psycopg.DataError, psycopg.IntegrityError) as exc:  # e.g. a foreign key still pointing at the row
         raise RowRejected(table, recs[0] if len(recs) == 1 else None, exc) from exc
-    cur.execute(sql.SQL("DELETE FROM {}").format(table.stage_ident))
+    pgstage.drop(cur, stage)
 
 
 def write_update(
@@ -128,13 +130,15 @@ def write_update(
             continue  # nothing but the key: an update changes nothing
         sub_r = [recs[i] for i in idx]
         sub_v = [values[i] for i in idx]
-        copy_run(cur, shape, sub_r, sub_v, table.stage_ident, evolve)
+        check_shape(shape, sub_r[0])
+        stage = pgstage.create(cur, table, shape.all_cols)
+        copy_run(cur, shape, sub_r, sub_v, stage, evolve)
         sets = sql.SQL(", ").join(sql.SQL("{0} = s.{0}").format(sql.Identifier(c)) for c in updates)
         try:
-            cur.execute(sql.SQL("UPDATE {} AS t SET {} FROM {} AS s WHERE {}").format(table.ident, sets, table.stage_ident, _match(pk)))
+            cur.execute(sql.SQL("UPDATE {} AS t SET {} FROM {} AS s WHERE {}").format(table.ident, sets, stage, _match(pk)))
         except (psycopg.DataError, psycopg.IntegrityError) as exc:
             raise RowRejected(table, None, exc) from exc
-        cur.execute(sql.SQL("DELETE FROM {}").format(table.stage_ident))
+        pgstage.drop(cur, stage)
 
 
 __all__ = ["split_tombstones", "write_delete", "write_update"]

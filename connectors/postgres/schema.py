@@ -12,7 +12,6 @@ from the fixed whitelist in :data:`INFERRED_TYPES`.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,18 +85,13 @@ class Table:
     schema: str | None
     name: str
     columns: dict[str, Column] = field(default_factory=dict)
+    #: Column sets of the immediate, non-partial unique indexes (what ON CONFLICT can name; a deferrable one it cannot).
     unique_sets: set[frozenset[str]] = field(default_factory=set)
-    stage: str | None = None  # staging table name (upsert, update, deletes), same schema
     relkind: str = "r"  # pg_class.relkind: r (table) or p (partitioned table)
 
     @property
     def ident(self) -> sql.Identifier:
         return sql.Identifier(self.schema, self.name) if self.schema else sql.Identifier(self.name)
-
-    @property
-    def stage_ident(self) -> sql.Identifier:
-        assert self.stage is not None
-        return sql.Identifier(self.schema, self.stage) if self.schema else sql.Identifier(self.stage)
 
     @property
     def display(self) -> str:
@@ -119,13 +113,6 @@ def check_identifier(name: str, what: str) -> str | None:
     if len(name.encode()) > MAX_IDENTIFIER_BYTES:
         return f"{what} name {name!r} is longer than {MAX_IDENTIFIER_BYTES} bytes (PostgreSQL would truncate it)"
     return None
-
-
-def stage_name(table: str, schema: str | None) -> str:
-    """``<table>__eosink_stage_<hash>``, cut to fit 63 bytes; the hash keeps cut names apart."""
-    digest = hashlib.sha1(f"{schema}.{table}".encode()).hexdigest()[:8]
-    head = table.encode()[:36].decode("utf-8", "ignore")
-    return f"{head}__eosink_stage_{digest}"
 
 
 # -- bookkeeping tables -----------------------------------------------------------------------
@@ -202,7 +189,7 @@ ORDER BY a.attnum
 _UNIQUE_SQL = """
 SELECT array_agg(a.attname::text)
 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
-WHERE i.indrelid = %s AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
+WHERE i.indrelid = %s AND i.indisunique AND i.indimmediate AND i.indpred IS NULL AND i.indexprs IS NULL
 GROUP BY i.indexrelid
 """
 _RELATION_SQL = """
@@ -216,11 +203,6 @@ def _relation(conn: psycopg.Connection[Any], schema: str | None, name: str) -> t
     return (int(row[0]), str(row[1])) if row else None
 
 
-def _relation_oid(conn: psycopg.Connection[Any], schema: str | None, name: str) -> int | None:
-    rel = _relation(conn, schema, name)
-    return rel[0] if rel else None
-
-
 def _columns(conn: psycopg.Connection[Any], oid: int) -> dict[str, Column]:
     return {
         name: Column(name, typname, kind_of(typname, bool(generated)), bool(notnull), sqltype, bool(has_default))
@@ -228,50 +210,16 @@ def _columns(conn: psycopg.Connection[Any], oid: int) -> dict[str, Column]:
     }
 
 
-def load_table(conn: psycopg.Connection[Any], schema: str | None, name: str, *, with_stage: bool) -> Table | None:
-    """The table's columns and unique column sets; None when it does not exist.
-
-    With ``with_stage`` (upsert, update, deletes) the staging table is checked too and recreated when its
-    columns no longer cover the target's (someone altered the target by hand).
-    """
+def load_table(conn: psycopg.Connection[Any], schema: str | None, name: str) -> Table | None:
+    """The table's columns and unique column sets; None when it does not exist. (Upserts, updates
+    and deletes stage their rows in a table of their transaction: :mod:`eosink.connectors.postgres.stage`.)"""
     rel = _relation(conn, schema, name)
     if rel is None:
         return None
     oid = rel[0]
     table = Table(schema, name, _columns(conn, oid), relkind=rel[1])
     table.unique_sets = {frozenset(r[0]) for r in conn.execute(_UNIQUE_SQL, (oid,)).fetchall()}
-    if with_stage:
-        table.stage = stage_name(name, schema)
-        stage_oid = _relation_oid(conn, schema, table.stage)
-        stage_cols = _columns(conn, stage_oid) if stage_oid is not None else {}
-        wanted = {c.name: c.typname for c in table.columns.values() if c.kind != GENERATED}
-        if stage_oid is None or any(stage_cols.get(c) is None or stage_cols[c].typname != t for c, t in wanted.items()):
-            _recreate_stage(conn, table, dropping=stage_oid is not None)
     return table
-
-
-def _recreate_stage(conn: psycopg.Connection[Any], table: Table, *, dropping: bool) -> None:
-    """``CREATE UNLOGGED TABLE stage (LIKE target)`` without NOT NULL constraints.
-
-    Unlogged: its rows never outlive their transaction (inserted and deleted in it), so WAL for
-    them is waste. Not a temporary table: PostgreSQL refuses to PREPARE a transaction that
-    touched one. NOT NULL is dropped so that a record lacking a column that has a DEFAULT on the
-    target does not fail in staging; the target still enforces it at the INSERT.
-    """
-    with conn.transaction():
-        lock_ddl(conn)
-        if dropping:
-            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table.stage_ident))
-        conn.execute(
-            sql.SQL("CREATE UNLOGGED TABLE IF NOT EXISTS {} (LIKE {})").format(table.stage_ident, table.ident)
-        )
-        for col in table.columns.values():
-            if col.notnull:
-                conn.execute(
-                    sql.SQL("ALTER TABLE {} ALTER COLUMN {} DROP NOT NULL").format(
-                        table.stage_ident, sql.Identifier(col.name)
-                    )
-                )
 
 
 # -- inference and DDL ------------------------------------------------------------------------
@@ -314,14 +262,12 @@ def create_table(
 
 
 def add_columns(conn: psycopg.Connection[Any], table: Table, columns: Sequence[tuple[str, str]]) -> None:
-    """``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` on the target (and its staging table)."""
+    """``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` on the target."""
     if not columns:
         return
-    targets = [table.ident] + ([table.stage_ident] if table.stage else [])
     with conn.transaction():
         lock_ddl(conn)
-        for ident in targets:
-            adds = sql.SQL(", ").join(
-                sql.SQL("ADD COLUMN IF NOT EXISTS {} {}").format(sql.Identifier(c), sql.SQL(t)) for c, t in columns
-            )
-            conn.execute(sql.SQL("ALTER TABLE {} {}").format(ident, adds))
+        adds = sql.SQL(", ").join(
+            sql.SQL("ADD COLUMN IF NOT EXISTS {} {}").format(sql.Identifier(c), sql.SQL(t)) for c, t in columns
+        )
+        conn.execute(sql.SQL("ALTER TABLE {} {}").format(table.ident, adds))

@@ -2,15 +2,16 @@
 
 One cycle, per :class:`~eosink.connectors.api.sink.TwoPhaseCommitSink`::
 
-    write(records) * n   insert mode: tpc_begin at the first, each slice COPYed into the open txn
-                         at once (see streaming.StreamingCopy.write); otherwise only staged
+    write(records) * n   insert and upsert modes: tpc_begin at the first, each slice COPYed into the
+                         open txn at once (upsert: into its staging table, merged when the stream
+                         ends; see streaming.StreamingCopy.write); otherwise only buffered
     pre_commit(manifest)
       autocommit   INSERT eosink_txn_manifest (txn, manifest)        -- recovery can read it
       tpc_begin('eosink:<txn>')                                       -- unless streamed
         upsert eosink_offsets ... WHERE eosink_offsets.epoch <= EXCLUDED.epoch   -- the fence
         INSERT eosink_committed_txns (txn); DELETE eosink_txn_manifest (txn)
         [delete.enabled: COPY staging (tombstones' keys) + DELETE ... USING staging]
-        COPY rows (insert, unless streamed) | COPY staging + INSERT ... ON CONFLICT (upsert) | + UPDATE ... FROM (update)
+        COPY rows (insert, unless streamed) | COPY staging + INSERT ... ON CONFLICT (upsert, unless streamed) | + UPDATE ... FROM (update)
       tpc_prepare()                                                   -- durable, invisible
     commit(txn)   COMMIT PREPARED 'eosink:<txn>'   (rows, offsets, proof of commit: all at once)
     abort(txn)    ROLLBACK PREPARED 'eosink:<txn>'; DELETE eosink_txn_manifest (txn)
@@ -133,8 +134,8 @@ class PostgresSink(StreamingCopy):
             json.dumps({k: v for k, v in sorted(self.config.items()) if k != "connection.password"}, default=str).encode()
         ).hexdigest()[:16]
         self.timings = CycleTimings()
-        #: Insert mode streams each ``write`` into the open transaction (see :meth:`StreamingCopy.write`).
-        self._streams = self.mode == "insert" and not self.settings.delete_enabled
+        #: Insert and upsert modes stream each ``write`` into the open transaction (see :meth:`StreamingCopy.write`).
+        self._streams = self.mode in ("insert", "upsert") and not self.settings.delete_enabled
         self._stream = None
         self._stream_off = True  # this txn's batch is written at prepare (not streamed, or given up)
         #: The shape of the last stream that ran without a hitch, when its columns have a row type: the

@@ -57,7 +57,6 @@ class TableCache:
         self.auto_evolve = bool(config["auto.evolve"])
         self.kafka = settings.kafka
         self.upsert = settings.insert_mode == "upsert"
-        self.staged = settings.staged
         self.pk_mode: str = settings.pk_mode
         self.pk_fields: list[str] = list(settings.pk_fields)
         self.deletes = settings.delete_enabled
@@ -195,7 +194,7 @@ class TableCache:
         """The table exists, has the Kafka columns and the first record's fields (the common case:
         the other records have the same ones; a later new field is caught while copying)."""
         if key not in self._tables:
-            table = self._run(lambda c: pgs.load_table(c, key[0], key[1], with_stage=self.staged), "reading the table")
+            table = self._run(lambda c: pgs.load_table(c, key[0], key[1]), "reading the table")
             if table is None:
                 table = self._create(key, recs, values)
             self._tables[key] = self._checked(table, recs)
@@ -239,7 +238,7 @@ class TableCache:
         return changed
 
     def _reload(self, key: TableKey) -> pgs.Table:
-        table: pgs.Table | None = self._run(lambda c: pgs.load_table(c, key[0], key[1], with_stage=self.staged), "reading the table")
+        table: pgs.Table | None = self._run(lambda c: pgs.load_table(c, key[0], key[1]), "reading the table")
         if table is None:
             raise RetryableError(f"table {display(key)} disappeared while the sink was using it", component=pgr.COMPONENT)
         return table
