@@ -127,7 +127,10 @@ def test_postgres_out_of_connections_is_retried_with_a_status_naming_the_databas
     held.pop().close()
     ends = type("Endpoints", (), {"kafka_bootstrap": stack.kafka_bootstrap, "zookeeper_hosts": stack.zookeeper_hosts,
                                   "postgres_dsn": dsn})()
-    workers = [WorkerProcess(ends, unique, wid, tmp_path, rest_port=free_port()) for wid in ("w1", "w2")]
+    # Pools sized to the server, as the docs ask (workers x --postgres-pool-size within its free slots): a busy
+    # worker keeps its pool's connections, so one sized past them could keep the other worker waiting.
+    workers = [WorkerProcess(ends, unique, wid, tmp_path, rest_port=free_port(), extra_args=["--postgres-pool-size", "2"])
+               for wid in ("w1", "w2")]
     publisher = Publisher(stack.kafka_bootstrap, topic, per_txn=50, pause=0.2)
     admin: psycopg.Connection[Any] | None = None
     try:
