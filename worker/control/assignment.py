@@ -12,9 +12,10 @@ Rules, per connector:
 * balanced: the partition counts of any two of its workers differ by at most one;
 * sticky: a worker keeps what it had up to its quota; only the excess and the orphans move;
 
-and across connectors, a worker keeps what it holds only while its partitions are under its fair
-share (all partitions over the live workers): a worker that started first and took every connector
-hands the excess to the workers that joined after it, as Kafka Connect's assignor spreads tasks.
+and across connectors, a worker keeps a connector of one task only while its partitions are under
+its fair share (all partitions over the live workers): a worker that started first and took every
+such connector hands the excess to the workers that joined after it, as Kafka Connect's assignor
+spreads tasks.
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ def assign(
             continue
         held = {w: set(previous.get(w, {}).get(connector, set())) & set(tps) for w in live}
         k = max(1, min(tasks_max.get(connector, 1), len(live), len(tps)))
-        # Keep the workers that already hold the most of it, unless they have their share already;
-        # then the least loaded.
-        chosen = sorted(live, key=lambda w: (load[w] >= fair, -len(held[w]), load[w], w))[:k]
+        # Keep the workers that already hold the most of it, then the least loaded. A connector of one
+        # task goes whole to one worker, so its holder keeps it only while under its fair share: that is
+        # what spreads such connectors over workers that joined later (one of several tasks moves
+        # within its connector's quotas instead, and only as much as a joining worker takes).
+        chosen = sorted(live, key=lambda w: (k == 1 and load[w] >= fair, -len(held[w]), load[w], w))[:k]
         base, extra = divmod(len(tps), k)
         # The workers holding the most get the larger quotas, so fewer partitions move.
         ranked = sorted(chosen, key=lambda w: (-len(held[w]), w))
