@@ -134,7 +134,7 @@ class PostgresConnections:
                     raise refused from None
                 full = refusal.server_full(str(exc), exc.sqlstate)
                 if full is not None and attempt == attempts:
-                    raise self._out_of_connections(full, str(exc), {**given, **kwargs}, autocommit) from None
+                    raise self._out_of_connections(full, str(exc), {**given, **kwargs}) from None
                 if attempt == attempts:
                     raise RetryableError(f"cannot connect to PostgreSQL ({attempt} attempt(s), connection.attempts): {exc}".strip(),
                                          component=COMPONENT) from exc
@@ -145,7 +145,7 @@ class PostgresConnections:
         pgc.register_dumpers(conn)
         return conn
 
-    def _out_of_connections(self, limit: str, said: str, params: dict[str, Any], autocommit: bool) -> pgpool.NoConnectionSlot:
+    def _out_of_connections(self, limit: str, said: str, params: dict[str, Any]) -> pgpool.NoConnectionSlot:
         """The server is full (SQLSTATE 53300): a retryable error naming the database and the limit
         (its value read over an idle connection of the pool when there is one)."""
         host, port = str(params.get("host") or "localhost"), params.get("port") or 5432
