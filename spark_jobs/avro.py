@@ -10,10 +10,8 @@ of the row's value columns: what confluent-kafka's ``AvroDeserializer``, Kafka C
   type and its precision and scale, a timestamp ``long`` ``timestamp-micros`` (Spark's own
   resolution, so nothing is rounded). A type with no Avro mapping is refused before anything else
   happens, naming the column.
-* **The schema id** comes from the registry once per driver process and schema: looked up under the
-  subject (``<topic>-value``, Confluent's TopicNameStrategy), registered when absent (the registry's
-  compatibility rule decides; a refusal names the subject and carries the registry's message). Ids
-  never change for a given schema, so a streaming query asks once, not every micro-batch.
+* **The schema id** comes from the registry once per driver process and schema
+  (:mod:`eosink.spark_jobs.registry`).
 * **The bytes** are made by Spark's ``to_avro`` (package ``spark-avro``) with the 5-byte header
   prepended by ``concat``: no Python code runs per row, and the tasks receive a plain binary column
   as for JSON, so the transaction, the ledger and the C produce loop are the same.
@@ -23,7 +21,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,14 +48,11 @@ from pyspark.sql.types import (
 )
 
 from eosink.connectors.api.errors import ConfigError
-from eosink.spark_jobs.errors import RegistryUnreachableError, SchemaRejectedError, UnsupportedTypeError
+from eosink.spark_jobs.errors import UnsupportedTypeError
+from eosink.spark_jobs.registry import header, registry_config, schema_id
 
-FORMATS = ("json", "avro")
-#: The keys of a ``registry=`` mapping: Kafka Connect's converter keys (without ``value.converter.``).
-REGISTRY_KEYS = ("schema.registry.url", "basic.auth.credentials.source", "basic.auth.user.info")
 #: Where the record's name lives; the name itself is the topic's (Avro compatibility compares full names).
 NAMESPACE = "eosink.outbox"
-MAGIC = b"\x00"
 
 _PRIMITIVES: dict[type[DataType], Any] = {
     BooleanType: "boolean", ByteType: "int", ShortType: "int", IntegerType: "int", LongType: "long",
@@ -68,9 +62,6 @@ _PRIMITIVES: dict[type[DataType], Any] = {
     TimestampNTZType: {"type": "long", "logicalType": "local-timestamp-micros"},
 }
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-_ids: dict[tuple[str, str, str], int] = {}
-_ids_lock = threading.Lock()
 
 
 def record_name(topic: str) -> str:
@@ -120,61 +111,6 @@ def _non_null(dtype: DataType, name: str, namespace: str, column: str) -> Any:
                                        "query: e.g. to string, or to a number of units)")
 
 
-def registry_config(registry: str | Mapping[str, str] | None, topic: str) -> dict[str, Any]:
-    """confluent-kafka's ``SchemaRegistryClient`` config from ``Outbox(registry=...)``: a URL, or a mapping of
-    Connect's keys (``schema.registry.url``, ``basic.auth.credentials.source``, ``basic.auth.user.info``)."""
-    from eosink.worker.engine.registry_converters import client_config
-
-    settings: Mapping[str, str] = {"schema.registry.url": registry} if isinstance(registry, str) else (registry or {})
-    unknown = sorted(set(settings) - set(REGISTRY_KEYS))
-    if unknown:
-        raise ConfigError(f"Outbox('{topic}', registry=...) has unknown key(s) {', '.join(unknown)}; the keys are "
-                          f"{', '.join(REGISTRY_KEYS)}", key="registry", source="publish_outbox")
-    url = str(settings.get("schema.registry.url") or "").rstrip("/")
-    if not url:
-        raise ConfigError(f"Outbox('{topic}', format='avro') needs registry= (the schema.registry.url of a schema "
-                          "registry with Confluent's API, or a mapping holding it)", key="registry",
-                          source="publish_outbox")
-    return client_config(url, settings)
-
-
-def schema_id(conf: Mapping[str, Any], subject: str, schema: str, timeout_s: float = 10.0) -> int:
-    """The id of ``schema`` under ``subject``: looked up, registered when absent; cached per process."""
-    url = str(conf["url"])
-    cache_key = (url, subject, schema)
-    with _ids_lock:
-        if cache_key in _ids:
-            return _ids[cache_key]
-    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-    from confluent_kafka.schema_registry.error import SchemaRegistryError
-
-    try:
-        client = SchemaRegistryClient({**conf, "timeout": timeout_s, "max.retries": 1})
-    except ValueError as exc:  # credentials both in the URL and in basic.auth.user.info, or no ':' in them
-        raise ConfigError(f"the schema registry settings are not usable: {exc}", key="registry",
-                          source="publish_outbox") from None
-    avro = Schema(schema, "AVRO")
-    try:
-        try:
-            found = client.lookup_schema(subject, avro).schema_id
-        except SchemaRegistryError as exc:
-            if exc.http_status_code != 404:  # 40401 no such subject, 40403 not under it: register it
-                raise
-            found = client.register_schema(subject, avro)
-    except SchemaRegistryError as exc:
-        if exc.http_status_code >= 500:
-            raise RegistryUnreachableError(url, f"HTTP {exc.http_status_code}: {exc.error_message}") from None
-        raise SchemaRejectedError(subject, url, f"HTTP {exc.http_status_code} (error code {exc.error_code}): "
-                                                f"{exc.error_message}") from None
-    except Exception as exc:  # noqa: BLE001 - connection refused, timeout, DNS: the registry is not reachable
-        raise RegistryUnreachableError(url, f"{type(exc).__name__}: {exc}") from None
-    if found is None:
-        raise SchemaRejectedError(subject, url, "the registry answered without a schema id")
-    with _ids_lock:
-        _ids[cache_key] = int(found)
-    return int(found)
-
-
 def avro_value(value: Column, struct: StructType, topic: str, registry: str | Mapping[str, str] | None,
                subject: str | None) -> Column:
     """The value column of an Avro outbox: Confluent's 5-byte header + ``to_avro`` of the value struct."""
@@ -188,4 +124,4 @@ def avro_value(value: Column, struct: StructType, topic: str, registry: str | Ma
         raise ConfigError(f"Outbox('{topic}', format='avro') needs Spark's spark-avro package on the classpath "
                           "(build_session(kafka_jars=True), or spark.jars / --packages "
                           f"org.apache.spark:spark-avro_2.13): {exc}", key="format", source="publish_outbox") from None
-    return F.concat(F.lit(MAGIC + sid.to_bytes(4, "big")), encoded)
+    return F.concat(F.lit(header(sid)), encoded)

@@ -1,7 +1,8 @@
 """What goes to which outbox topic, and the DataFrame projection the tasks consume.
 
-The encoding work (key to utf-8 bytes, row to JSON or to Avro in Confluent's wire format) is done by
-Spark's JVM (``to_json``, ``to_avro``: :mod:`eosink.spark_jobs.avro`) before the data reaches Python,
+The encoding work (key to utf-8 bytes, row to JSON, or to Avro or JSON Schema in Confluent's wire
+format) is done by Spark's JVM (``to_json``, ``to_avro``: :mod:`eosink.spark_jobs.avro`,
+:mod:`eosink.spark_jobs.json_schema`) before the data reaches Python,
 and the Python side receives plain Arrow binary columns through ``mapInArrow``:
 per record it only calls ``Producer.produce``. That is the fast path; there is no per-row Python
 serialisation, no ``Row`` objects and no pickling.
@@ -17,8 +18,13 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType, StructType
 
 from eosink.connectors.api.errors import ConfigError
-from eosink.spark_jobs.avro import FORMATS, avro_value
+from eosink.spark_jobs.avro import avro_value
 from eosink.spark_jobs.errors import MissingColumnError
+from eosink.spark_jobs.json_schema import json_schema_value
+
+#: An outbox's value format: JSON, or a Schema Registry format in Confluent's wire format.
+FORMATS = ("json", "avro", "json-schema")
+_REGISTRY_FORMATS = {"avro": avro_value, "json-schema": json_schema_value}
 
 # Nulls are written as JSON null rather than dropped: sinks see the same fields in every record.
 JSON_OPTIONS = {"ignoreNullFields": "false"}
@@ -36,10 +42,11 @@ class Outbox:
     * ``when``: a boolean column; only rows where it is true go to this topic (e.g. alerts only for
       high balances). Rows where it is false or null are skipped.
     * ``headers``: constant extra headers for every record of this topic.
-    * ``format``: ``"json"`` (above) or ``"avro"``: the same columns as an Avro record in Confluent's wire
-      format (a struct column passed alone is the record itself; a single other column a record of one
-      field), its schema derived from the columns and registered under ``subject``.
-    * ``registry``: with ``format="avro"``, the schema registry: its URL (``schema.registry.url``) or a
+    * ``format``: ``"json"`` (above), ``"avro"`` or ``"json-schema"``: the same columns as an Avro record
+      or a JSON object in Confluent's wire format (a struct column passed alone is the record itself; a
+      single other column a record of one field), its schema derived from the columns and registered
+      under ``subject``.
+    * ``registry``: with ``format="avro"`` or ``"json-schema"``, the schema registry: its URL (``schema.registry.url``) or a
       mapping of Connect's keys ``schema.registry.url``, ``basic.auth.credentials.source``,
       ``basic.auth.user.info``.
     * ``subject``: the registry subject; ``None`` = ``<topic>-value`` (Confluent's TopicNameStrategy).
@@ -75,16 +82,18 @@ def _value_expr(df: DataFrame, ob: Outbox) -> Column:
     if ob.format not in FORMATS:
         raise ConfigError(f"Outbox('{ob.topic}', format={ob.format!r}): one of {', '.join(FORMATS)}", key="format",
                           source="publish_outbox")
-    if ob.format == "avro":
-        return _avro_expr(df, ob)
+    encode = _REGISTRY_FORMATS.get(ob.format)
+    if encode is not None:
+        struct, struct_type = _value_struct(df, ob)
+        return encode(struct, struct_type, ob.topic, ob.registry, ob.subject)
     if ob.registry is not None or ob.subject is not None:
-        raise ConfigError(f"Outbox('{ob.topic}') has registry= or subject= but writes JSON: add format='avro'",
-                          key="format", source="publish_outbox")
+        raise ConfigError(f"Outbox('{ob.topic}') has registry= or subject= but writes JSON: add format='avro' or "
+                          "format='json-schema'", key="format", source="publish_outbox")
     return _json_expr(df, ob.value)
 
 
-def _avro_expr(df: DataFrame, ob: Outbox) -> Column:
-    """The value as a struct (nullable fields stay nullable), its Catalyst type read from the plan, then Avro."""
+def _value_struct(df: DataFrame, ob: Outbox) -> tuple[Column, StructType]:
+    """The value as a struct (nullable fields stay nullable) and its Catalyst type, read from the plan."""
     value = ob.value
     if value is None:
         struct = F.struct(*[df[c] for c in df.columns])
@@ -99,7 +108,7 @@ def _avro_expr(df: DataFrame, ob: Outbox) -> Column:
         struct = F.struct(*[df[c] for c in value])
     struct_type = df.select(struct.alias("v")).schema["v"].dataType
     assert isinstance(struct_type, StructType)
-    return avro_value(struct, struct_type, ob.topic, ob.registry, ob.subject)
+    return struct, struct_type
 
 
 def _json_expr(df: DataFrame, value: str | Sequence[str] | None) -> Column:
