@@ -30,6 +30,12 @@ from eosink.connectors.postgres.rejects import COMPONENT, describe
 T = TypeVar("T")
 
 
+def where(params: dict[str, Any]) -> str:
+    """``host:port/database`` of connection parameters: how errors, pool gauges and logs name a database."""
+    host, port = str(params.get("host") or "localhost"), params.get("port") or 5432
+    return f"{host}:{port}/{params.get('dbname') or params.get('user') or ''}"
+
+
 class PostgresConnections:
     """Connection handling mixed into :class:`~eosink.connectors.postgres.sink.PostgresSink`.
 
@@ -85,12 +91,10 @@ class PostgresConnections:
 
     def _pool(self) -> pgpool.Pool:
         if self._leases is None:
-            given = self._dsn()
-            host, port = str(given.get("host") or "localhost"), given.get("port") or 5432
             key = pgpool.PoolKey(self.config["connection.url"], str(self.config["connection.user"] or ""),
                                  str(self.config["connection.password"] or ""), int(self.config["lock.timeout.ms"]),
                                  str(self.config["db.timezone"] or ""))
-            self._leases = pgpool.pool_for(key, f"{host}:{port}/{given.get('dbname') or given.get('user') or ''}")
+            self._leases = pgpool.pool_for(key, where(self._dsn()))
         return self._leases
 
     def _app_name(self) -> str:
@@ -148,8 +152,6 @@ class PostgresConnections:
     def _out_of_connections(self, limit: str, said: str, params: dict[str, Any]) -> pgpool.NoConnectionSlot:
         """The server is full (SQLSTATE 53300): a retryable error naming the database and the limit
         (its value read over an idle connection of the pool when there is one)."""
-        host, port = str(params.get("host") or "localhost"), params.get("port") or 5432
-        where = f"{host}:{port}/{params.get('dbname') or params.get('user') or ''}"
         read = None
         other = self._pool().idle_autocommit()
         if other is not None:
@@ -159,7 +161,7 @@ class PostgresConnections:
                 self._pool().release(other, True)
         detail = read if read and limit == "max_connections" else "; ".join(x for x in (limit, read) if x)
         return pgpool.NoConnectionSlot(
-            f"PostgreSQL at {where} has no connection slot left for connector '{self.connector}' (limit: {detail}; the "
+            f"PostgreSQL at {where(params)} has no connection slot left for connector '{self.connector}' (limit: {detail}; the "
             f"server said: {' '.join(said.split())}); retrying - this worker's postgres sinks share at most "
             f"{self._pool().size} connections to it ({pgpool.ENV} / --postgres-pool-size): raise max_connections or "
             "lower the pool size of the workers writing to this server", component=COMPONENT)
