@@ -8,11 +8,12 @@ delivery back until it returns, and nothing is lost or doubled.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import decimal
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -33,6 +34,40 @@ CLASSES = {"avro": "io.confluent.connect.avro.AvroConverter", "protobuf": "io.co
 TABLES = {"avro": "id bigint, name text, amount numeric(10,2), at timestamptz, blob bytea, note text",
           "protobuf": "id bigint, name text, amount double precision, blob bytea",
           "jsonschema": "id bigint, name text"}
+
+
+@contextlib.contextmanager
+def front_of(registry: RegistryServer, refuse: Callable[[Any], tuple[int, bytes] | None]) -> Iterator[str]:
+    """A real HTTP front of the registry: ``refuse(request handler)`` answers a request itself (status, JSON
+    body), or None passes it to the registry. Yields the front's Confluent API URL."""
+    import threading
+    import urllib.request
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    upstream = registry.url.split("/apis")[0]
+
+    class Front(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            answer = refuse(self)
+            if answer is None:
+                with urllib.request.urlopen(upstream + self.path, timeout=10) as got:
+                    answer = (200, got.read())
+            self.send_response(answer[0])
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer[1])))
+            self.end_headers()
+            self.wfile.write(answer[1])
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Front)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/apis/ccompat/v7"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def serializer(fmt: str, url: str, topic: str, schema: dict[str, Any] | None = None) -> Callable[[int], bytes]:
@@ -249,48 +284,24 @@ def test_basic_auth_user_info_reaches_the_registry_and_a_refusal_is_named(regist
     """The registry behind a front that demands basic auth (the stack's registry has none): the converter's
     USER_INFO credentials are sent with every request; wrong ones are a retryable error naming the registry."""
     import base64
-    import threading
-    import urllib.request
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from eosink.connectors.api.errors import RetryableError
     from eosink.worker.engine.registry_converters import RegistryDecoder
 
     expected = "Basic " + base64.b64encode(b"reader:s3cret").decode()
-    upstream = registry.url.split("/apis")[0]
 
-    class Front(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            if self.headers.get("Authorization") != expected:
-                self.send_response(401)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(b'{"error_code": 401, "message": "Unauthorized"}')
-                return
-            with urllib.request.urlopen(upstream + self.path, timeout=10) as answer:
-                body = answer.read()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def unauthorized(request: Any) -> tuple[int, bytes] | None:
+        if request.headers.get("Authorization") != expected:
+            return 401, b'{"error_code": 401, "message": "Unauthorized"}'
+        return None
 
-        def log_message(self, *_: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Front)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    front = f"http://127.0.0.1:{server.server_address[1]}/apis/ccompat/v7"
-    try:
+    with front_of(registry, unauthorized) as front:
         value = serializer("avro", registry.url, make_topic(1))(3)
         auth = {"basic.auth.credentials.source": "USER_INFO", "basic.auth.user.info": "reader:s3cret"}
         assert RegistryDecoder("avro", front, auth)(value)["name"] == "n3"
         with pytest.raises(RetryableError, match=f"schema registry at {front} refused") as refused:
             RegistryDecoder("avro", front, {**auth, "basic.auth.user.info": "reader:wrong"})(value)
         assert "s3cret" not in str(refused.value) and "wrong" not in str(refused.value)
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_protobuf_nested_messages_enums_repeated_and_maps_become_plain_values(registry: RegistryServer, make_topic) -> None:
@@ -364,3 +375,54 @@ def test_an_avro_schema_that_references_another_subject_decodes_with_the_referen
     value = decode(b"\x00" + payment_id.to_bytes(4, "big") + buf.getvalue())
     assert value == {"id": 7, "amount": {"units": "12.34", "currency": "EUR"}, "fee": {"units": "0.05", "currency": "EUR"}}
     assert json.loads(json.dumps(value)) == value, "a decoded value JSON cannot hold"
+
+
+def test_protobuf_import_unreachable_is_retryable_not_a_bad_record(registry: RegistryServer, make_topic, unique) -> None:
+    """A Protobuf schema importing another registered file: while the registry fails the import's requests (a
+    front answering 503 for them), decoding is a retryable error naming the registry, never a record error
+    that would dead-letter the value; once they go through, the same decoder decodes it."""
+    import threading
+    import urllib.parse
+
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from google.protobuf import descriptor_pb2, descriptor_pool
+    from google.protobuf.message_factory import GetMessageClass
+
+    from eosink.connectors.api.errors import RetryableError
+    from eosink.worker.engine.registry_converters import RegistryDecoder
+
+    f = descriptor_pb2.FieldDescriptorProto
+    money_file = f"{unique}/money.proto"
+    money = descriptor_pb2.FileDescriptorProto(name=money_file, package="shop", syntax="proto3")
+    m = money.message_type.add(name="Money")
+    m.field.add(name="units", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
+    m.field.add(name="currency", number=2, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    payment = descriptor_pb2.FileDescriptorProto(name=f"{unique}/payment.proto", package="shop", syntax="proto3",
+                                                 dependency=[money_file])
+    p = payment.message_type.add(name="Payment")
+    p.field.add(name="id", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
+    p.field.add(name="amount", number=2, type=f.TYPE_MESSAGE, label=f.LABEL_OPTIONAL, type_name=".shop.Money")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(money)
+    pool.Add(payment)
+    cls = GetMessageClass(pool.FindMessageTypeByName("shop.Payment"))
+    client = SchemaRegistryClient({"url": registry.url, "timeout": 30})
+    value = ProtobufSerializer(cls, client, {"use.deprecated.format": False})(
+        cls(id=7, amount={"units": 1234, "currency": "EUR"}), SerializationContext(make_topic(1), MessageField.VALUE))
+
+    blocked = threading.Event()
+    blocked.set()
+
+    def unavailable(request: Any) -> tuple[int, bytes] | None:
+        if blocked.is_set() and "money.proto" in urllib.parse.unquote(request.path):
+            return 503, b'{"error_code": 50301, "message": "unavailable"}'
+        return None
+
+    with front_of(registry, unavailable) as front:
+        decode = RegistryDecoder("protobuf", front)
+        with pytest.raises(RetryableError, match=f"schema registry at {front} failed to hand out a schema referenced"):
+            decode(value)
+        blocked.clear()
+        assert decode(value) == {"id": 7, "amount": {"units": 1234, "currency": "EUR"}}

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import functools
 import io
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -134,9 +136,11 @@ class RegistryDecoder:
                 decode, self._avro_parsed[schema_id] = _avro(schema, named)
                 return decode, writer
             if self.format == "protobuf":
-                decode, writer.parsed = _protobuf(schema, self.client)
+                decode, writer.parsed = _protobuf(*self._pool_of(schema_id, schema))
                 return decode, writer
             return _json_schema(schema), writer
+        except RetryableError:
+            raise  # the registry did not hand out what the schema imports: not the schema's fault
         except Exception as exc:  # noqa: BLE001 - whatever the parser refuses
             raise ValueError(f"schema id {schema_id} cannot be used: {type(exc).__name__}: {exc}") from None
 
@@ -144,7 +148,6 @@ class RegistryDecoder:
         """The schema of ``schema_id`` and, for Avro, the subjects it references (schema references), fetched
         recursively as named types by name; a registry that does not answer is retryable, not a record error."""
         from confluent_kafka.schema_registry._sync.avro import _resolve_named_schema
-        from confluent_kafka.schema_registry.error import SchemaRegistryError
 
         what = f"schema id {schema_id}"
         try:
@@ -153,21 +156,72 @@ class RegistryDecoder:
                 return schema, {}
             what = f"a schema referenced by {what} ({', '.join(f'{r.subject} v{r.version}' for r in schema.references)})"
             return schema, _resolve_named_schema(schema, self.client)
-        except SchemaRegistryError as exc:
+        except Exception as exc:  # noqa: BLE001 - classified by _unavailable
+            raise self._unavailable(exc, what) from None
+
+    def _pool_of(self, schema_id: int, schema: Any) -> tuple[Any, Any]:
+        """A Protobuf descriptor pool holding the well-known types and every file ``schema`` imports, and the
+        schema's own ``FileDescriptorProto`` (added to it).
+
+        Imports are fetched from the registry recursively, each under the name the importing file gives
+        it. A file comes as the registry serves it: a base64 descriptor (Apicurio's default), else it is
+        asked again in Confluent's ``format=serialized`` (Confluent's registry serves ``.proto`` text by
+        default; Apicurio 3.3 answers 500 to that format for a referenced version). A registry that does
+        not answer is retryable, not a schema that "cannot be used"."""
+        from confluent_kafka.schema_registry.common.protobuf import _init_pool, _is_builtin
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+        from google.protobuf.descriptor_pool import DescriptorPool
+
+        pool = DescriptorPool()
+        _init_pool(pool)
+        visited: set[str] = set()
+
+        def add_imports(of: Any) -> None:
+            for ref in of.references or ():
+                if _is_builtin(ref.name) or ref.name in visited:
+                    continue
+                visited.add(ref.name)
+                found = self.client.get_version(ref.subject, ref.version, True).schema
+                add_imports(found)
+                pool.Add(_descriptor(ref.name, found.schema_str, functools.partial(serialized, ref.subject, ref.version)))
+
+        def serialized(subject: str, version: int) -> str | None:
+            return self.client.get_version(subject, version, True, "serialized").schema.schema_str
+
+        what = f"a schema referenced by schema id {schema_id} ({', '.join(f'{r.subject} v{r.version}' for r in schema.references or ())})"
+        try:
+            add_imports(schema)
+            what = f"schema id {schema_id}"
+            own = _descriptor("default", schema.schema_str,
+                              lambda: self.client.get_schema(schema_id, fmt="serialized").schema_str)
+        except (SchemaRegistryError, OSError) as exc:
+            raise self._unavailable(exc, what) from None
+        except Exception as exc:  # noqa: BLE001 - the client's transport errors are not all OSErrors
+            if type(exc).__module__.startswith(("httpx", "httpcore", "requests", "urllib3")):  # (httpx2: the client's)
+                raise self._unavailable(exc, what) from None
+            raise  # a file that does not parse: the caller's "cannot be used"
+        pool.Add(own)
+        return pool, own
+
+    def _unavailable(self, exc: Exception, what: str) -> Exception:
+        """The error for a registry request about ``what`` that failed: an unknown id is the record's (a
+        ``ValueError``), anything else retryable, naming the registry."""
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        if isinstance(exc, SchemaRegistryError):
             if exc.http_status_code == 404:
-                raise ValueError(f"{what} is unknown to the schema registry at {self.url} ({exc.error_message})") from None
+                return ValueError(f"{what} is unknown to the schema registry at {self.url} ({exc.error_message})")
             if exc.http_status_code in (401, 403):
-                raise RetryableError(f"the schema registry at {self.url} refused to hand out {what} "
-                                     f"(HTTP {exc.http_status_code}: {exc.error_message}); check "
-                                     "basic.auth.user.info", component="schema-registry") from None
-            raise RetryableError(f"the schema registry at {self.url} failed to hand out {what}: "
-                                 f"HTTP {exc.http_status_code}: {exc.error_message}", component="schema-registry") from None
-        except Exception as exc:  # noqa: BLE001 - connection refused, timeout, DNS: the registry is not reachable
-            if "CERTIFICATE_VERIFY_FAILED" in str(exc):
-                raise RetryableError(f"the schema registry at {self.url} has a certificate this worker does not trust "
-                                     f"({exc}); check schema.registry.ssl.ca.location", component="schema-registry") from None
-            raise RetryableError(f"the schema registry at {self.url} is not reachable ({type(exc).__name__}: {exc}); "
-                                 f"delivery resumes when it answers", component="schema-registry") from None
+                return RetryableError(f"the schema registry at {self.url} refused to hand out {what} "
+                                      f"(HTTP {exc.http_status_code}: {exc.error_message}); check "
+                                      "basic.auth.user.info", component="schema-registry")
+            return RetryableError(f"the schema registry at {self.url} failed to hand out {what}: "
+                                  f"HTTP {exc.http_status_code}: {exc.error_message}", component="schema-registry")
+        if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+            return RetryableError(f"the schema registry at {self.url} has a certificate this worker does not trust "
+                                  f"({exc}); check schema.registry.ssl.ca.location", component="schema-registry")
+        return RetryableError(f"the schema registry at {self.url} is not reachable ({type(exc).__name__}: {exc}); "
+                              f"delivery resumes when it answers", component="schema-registry")
 
 
 def _avro(schema: Any, references: Mapping[str, Any]) -> tuple[Decode, Any]:
@@ -241,18 +295,11 @@ def jsonable(value: Any) -> Any:
     return str(value)  # uuid.UUID
 
 
-def _protobuf(schema: Any, client: Any) -> tuple[Decode, Any]:
-    """The decode function, and the schema's ``FileDescriptorProto`` (what a sink types columns from)."""
-    from confluent_kafka.schema_registry._sync.protobuf import _resolve_named_schema
-    from confluent_kafka.schema_registry.common.protobuf import _init_pool, _str_to_proto
-    from google.protobuf.descriptor_pool import DescriptorPool
+def _protobuf(pool: Any, fd_proto: Any) -> tuple[Decode, Any]:
+    """The decode function of the schema ``fd_proto`` (in ``pool`` with what it imports:
+    :meth:`RegistryDecoder._pool_of`), and ``fd_proto`` itself (what a sink types columns from)."""
     from google.protobuf.message_factory import GetMessageClass
 
-    pool = DescriptorPool()
-    _init_pool(pool)
-    _resolve_named_schema(schema, client, pool)
-    fd_proto = _str_to_proto("default", schema.schema_str)
-    pool.Add(fd_proto)
     package = fd_proto.package
     classes: dict[tuple[int, ...], Any] = {}
 
@@ -284,6 +331,21 @@ def _protobuf(schema: Any, client: Any) -> tuple[Decode, Any]:
         return jsonable(_message_dict(msg))
 
     return decode, fd_proto
+
+
+_BASE64 = re.compile(r"[A-Za-z0-9+/=\s]*")
+
+
+def _descriptor(name: str, text: str | None, serialized: Callable[[], str | None]) -> Any:
+    """The ``FileDescriptorProto`` of a Protobuf schema as a registry served it: a base64 descriptor as it is,
+    anything else (``.proto`` text) asked again as one (``serialized()``)."""
+    from confluent_kafka.schema_registry.common.protobuf import _str_to_proto
+
+    if not text or not _BASE64.fullmatch(text):
+        text = serialized()
+    if not text:
+        raise ValueError(f"the registry served no schema text for {name}")
+    return _str_to_proto(name, text)
 
 
 def _message_dict(msg: Any) -> dict[str, Any]:
