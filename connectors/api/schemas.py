@@ -45,6 +45,10 @@ class WriterSchema:
     _document: Any = field(default=None, repr=False)
     #: Protobuf: the schema's ``FileDescriptorProto``, as the converter built it from :attr:`text`.
     parsed: Any = field(default=None, repr=False)
+    #: Protobuf: the same file as the converter's descriptor pool resolved it (a ``FileDescriptor``): its
+    #: fields' message types point at their definitions, imported ones (well-known types, references) too,
+    #: which a sink typing nested messages as structs needs and the bare ``FileDescriptorProto`` only names.
+    descriptor: Any = field(default=None, repr=False)
     _versions: list[tuple[str, int]] | None = field(default=None, repr=False)
 
     @property

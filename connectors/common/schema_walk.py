@@ -41,6 +41,9 @@ class RecordFields:
     fields: list[SchemaField]
     #: Avro: every named type (record, enum, fixed) the schema defines, by full and short name.
     named: Mapping[str, Any]
+    #: JSON Schema: the whole document (what a ``$ref`` points into); Protobuf: the message's ``Descriptor``
+    #: in the converter's pool (its nested and imported message types resolved), None when not at hand.
+    root: Any = None
 
 
 def record_fields(schema: WriterSchema) -> RecordFields | None:
@@ -59,11 +62,13 @@ def record_fields(schema: WriterSchema) -> RecordFields | None:
         if not isinstance(doc, dict) or doc.get("type") != "object" or not isinstance(doc.get("properties"), dict):
             return None
         required = set(doc.get("required") or ())
-        return RecordFields("jsonschema", list(_json_fields(doc["properties"], required)), {})
+        return RecordFields("jsonschema", list(_json_fields(doc["properties"], required)), {}, doc)
     if schema.format == "protobuf" and schema.parsed is not None and len(schema.parsed.message_type) == 1:
         # Every proto3 field has a value in the decoded record (its default when unset), but a message field.
-        fields = [SchemaField(f.name, f, f.type == 11 and f.label != 3, f.label != 2) for f in schema.parsed.message_type[0].field]
-        return RecordFields("protobuf", fields, {})
+        top = schema.parsed.message_type[0]
+        fields = [SchemaField(f.name, f, f.type == 11 and f.label != 3, f.label != 2) for f in top.field]
+        found = schema.descriptor.message_types_by_name.get(top.name) if schema.descriptor is not None else None
+        return RecordFields("protobuf", fields, {}, found)
     return None
 
 

@@ -136,7 +136,9 @@ class RegistryDecoder:
                 decode, self._avro_parsed[schema_id] = _avro(schema, named)
                 return decode, writer
             if self.format == "protobuf":
-                decode, writer.parsed = _protobuf(*self._pool_of(schema_id, schema))
+                pool, own = self._pool_of(schema_id, schema)
+                decode, writer.parsed = _protobuf(pool, own)
+                writer.descriptor = pool.FindFileByName(own.name)  # what a sink types nested messages from
                 return decode, writer
             return _json_schema(schema), writer
         except RetryableError:
