@@ -67,7 +67,7 @@ from pyiceberg.types import (
 
 from eosink.connectors.api.errors import ConfigError, RecordError
 from eosink.connectors.api.records import SinkRecord
-from eosink.connectors.iceberg.typed_values import convert_column
+from eosink.connectors.iceberg.typed_values import arrow_array, convert_column
 
 COMPONENT = "iceberg"
 #: Columns carrying the Kafka coordinates (``fields.kafka``).
@@ -301,14 +301,14 @@ def _convert(records: Sequence[SinkRecord], col: list[Any], field: NestedField, 
     try:
         if kinds <= {str, _NONE} and not pa.types.is_string(arrow_type) and not pa.types.is_large_string(arrow_type):
             return pa.array(col, type=pa.string()).cast(arrow_type)
-        return pa.array(col, type=arrow_type)
+        return arrow_array(col, arrow_type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError) as exc:
         def bad(x: Any) -> bool:
             try:
                 if isinstance(x, str):
                     pa.array([x], type=pa.string()).cast(arrow_type)
                 else:
-                    pa.array([x], type=arrow_type)
+                    arrow_array([x], arrow_type)
                 return False
             except Exception:  # noqa: BLE001 - any failure marks the offending value
                 return True

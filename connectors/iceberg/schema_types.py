@@ -7,15 +7,17 @@ table from it (:func:`fields_of`, :func:`table_schema`), the values are turned b
 (:mod:`.typed_values`), and ``auto.evolve`` compares each new version with the table
 (:func:`compare`): optional fields to add, promotions Iceberg allows, and the changes it cannot take.
 
-Avro maps fully, nested records, arrays and maps included (Iceberg structs, lists, maps). JSON
-Schema objects and arrays, Protobuf messages and repeated fields, and Avro unions of several types
-become string columns holding their JSON text (what the PostgreSQL sink makes ``jsonb``).
+Nested values map in every format: Avro records, arrays and maps, JSON Schema objects and arrays,
+Protobuf messages, repeated and map fields become Iceberg structs, lists and maps (the JSON Schema and
+Protobuf rules: :mod:`.nested_types`); ``auto.evolve`` adds a new optional nested field where it belongs.
+A union of several types, and a recursive type, become a string column holding its JSON text (what the
+PostgreSQL sink makes ``jsonb``); a string column also takes any nested field as its JSON text.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,10 +50,9 @@ from eosink.connectors.common.schema_walk import (
     SchemaField,
     avro_resolve,
     avro_unwrap,
-    json_kinds,
-    json_source,
     record_fields,
 )
+from eosink.connectors.iceberg.nested_types import PROTO_TYPES, Nest, Path, json_type, proto_type
 
 _AVRO_PRIMITIVES: dict[str, IcebergType] = {
     "int": IntegerType(), "long": LongType(), "float": FloatType(), "double": DoubleType(), "boolean": BooleanType(),
@@ -61,17 +62,6 @@ _AVRO_LOGICAL: dict[str, IcebergType] = {
     "timestamp-millis": TimestamptzType(), "timestamp-micros": TimestamptzType(),
     "local-timestamp-millis": TimestampType(), "local-timestamp-micros": TimestampType(),
     "date": DateType(), "time-millis": TimeType(), "time-micros": TimeType(), "uuid": UUIDType(),
-}
-_JSON_TYPES: dict[str, IcebergType] = {"integer": LongType(), "number": DoubleType(), "boolean": BooleanType(),
-                                       "string": StringType()}
-_JSON_FORMATS: dict[str, IcebergType] = {"date-time": TimestamptzType(), "date": DateType(), "uuid": UUIDType()}
-#: FieldDescriptorProto.Type -> column: unsigned 64-bit integers need decimal(20,0); messages are JSON text.
-_PROTO_TYPES: dict[int, tuple[IcebergType, str]] = {
-    1: (DoubleType(), "double"), 2: (FloatType(), "float"), 3: (LongType(), "int64"), 4: (DecimalType(20, 0), "uint64"),
-    5: (IntegerType(), "int32"), 6: (DecimalType(20, 0), "fixed64"), 7: (LongType(), "fixed32"), 8: (BooleanType(), "bool"),
-    9: (StringType(), "string"), 11: (StringType(), "message"), 12: (BinaryType(), "bytes"), 13: (LongType(), "uint32"),
-    14: (StringType(), "enum"), 15: (IntegerType(), "sfixed32"), 16: (LongType(), "sfixed64"), 17: (IntegerType(), "sint32"),
-    18: (LongType(), "sint64"),
 }
 #: A column of the key's type takes values of the field's type without loss (no promotion needed).
 _WIDER: dict[type, tuple[type, ...]] = {IntegerType: (LongType,), FloatType: (DoubleType,)}
@@ -86,6 +76,9 @@ class FieldType:
     nullable: bool
     defaulted: bool
     source: str  # the field's type as the schema says it, for messages
+    #: Paths (column name first) of the nested fields that have a default: ``auto.evolve`` adds such a field
+    #: when a version brings it, even one that version makes required (rows already there get null).
+    nested_defaults: frozenset[Path] = frozenset()
 
 
 #: Columns of a schema's fields, by field name (in the schema's order).
@@ -101,33 +94,30 @@ def fields_of(schema: WriterSchema) -> Fields | None:
     ids = itertools.count(10_000)  # nested field ids: unique in the schema; the catalog assigns fresh ones
     out: Fields = {}
     for f in found.fields:
+        nest, at = Nest(ids), (f.name,)
         if found.format == "avro":
             if f.type == "null":
                 continue  # a field always null has no column
-            ftype, source = _avro_type(f.type, found.named, ids)
+            ftype, source = _avro_type(f.type, found.named, nest, at)
         elif found.format == "jsonschema":
-            ftype, source = _json_type(f), json_source(f.type)
+            ftype, source = json_type(f.type, found.root, nest, at)
+        elif found.root is not None:
+            ftype, source = proto_type(found.root.fields_by_name[f.name], nest, at)
         else:
-            ftype, source = _proto_type(f)
-        out[f.name] = FieldType(f.name, ftype, f.nullable, f.defaulted, source)
+            ftype, source = _proto_flat(f)
+        out[f.name] = FieldType(f.name, ftype, f.nullable, f.defaulted, source, frozenset(nest.defaulted))
     return out
 
 
-def _proto_type(f: SchemaField) -> tuple[IcebergType, str]:
-    if f.type.label == 3:  # repeated, maps too: a list or an object, as JSON text
-        return StringType(), "repeated"
-    return _PROTO_TYPES.get(f.type.type, (StringType(), f"type {f.type.type}"))
+def _proto_flat(f: SchemaField) -> tuple[IcebergType, str]:
+    """A Protobuf field without the pool's descriptors (nothing resolves its message types): nested values as JSON text."""
+    if f.type.label == 3 or f.type.type in (10, 11):
+        return StringType(), "repeated" if f.type.label == 3 else "message"
+    return PROTO_TYPES.get(f.type.type, (StringType(), f"type {f.type.type}"))
 
 
-def _json_type(f: SchemaField) -> IcebergType:
-    kinds = [k for k in json_kinds(f.type) if k != "null"]
-    if len(kinds) == 1 and kinds[0] == "string" and f.type.get("format") in _JSON_FORMATS:
-        return _JSON_FORMATS[str(f.type["format"])]
-    return _JSON_TYPES.get(kinds[0], StringType()) if len(kinds) == 1 else StringType()
-
-
-def _avro_type(t: Any, named: Mapping[str, Any], ids: Iterator[int], depth: int = 0) -> tuple[IcebergType, str]:
-    """(Iceberg type, how the schema names it) of one Avro type without its null branch."""
+def _avro_type(t: Any, named: Mapping[str, Any], nest: Nest, at: Path, depth: int = 0) -> tuple[IcebergType, str]:
+    """(Iceberg type, how the schema names it) of one Avro type without its null branch, ``at`` its path."""
     t = avro_resolve(t, named)
     if isinstance(t, list) or depth > MAX_DEPTH:
         return StringType(), "a union"  # of several types: its JSON text
@@ -147,19 +137,20 @@ def _avro_type(t: Any, named: Mapping[str, Any], ids: Iterator[int], depth: int 
         fields = []
         for f in t.get("fields", ()):
             inner, nullable = avro_unwrap(f.get("type"))
-            ftype = _avro_type(inner, named, ids, depth + 1)[0] if inner != "null" else StringType()
-            fields.append(NestedField(next(ids), f["name"], ftype, required=not nullable))
+            ftype = _avro_type(inner, named, nest, (*at, f["name"]), depth + 1)[0] if inner != "null" else StringType()
+            fields.append(nest.field(at, f["name"], ftype, required=not nullable, defaulted="default" in f))
         return StructType(*fields), f"record {t.get('name')}"
     if kind == "array":
         inner, nullable = avro_unwrap(t.get("items"))
-        return ListType(next(ids), _avro_type(inner, named, ids, depth + 1)[0], element_required=not nullable), "array"
+        element = _avro_type(inner, named, nest, (*at, "element"), depth + 1)[0]
+        return ListType(next(nest.ids), element, element_required=not nullable), "array"
     if kind == "map":
         inner, nullable = avro_unwrap(t.get("values"))
-        return (MapType(next(ids), StringType(), next(ids), _avro_type(inner, named, ids, depth + 1)[0],
-                        value_required=not nullable), "map")
+        value = _avro_type(inner, named, nest, (*at, "value"), depth + 1)[0]
+        return MapType(next(nest.ids), StringType(), next(nest.ids), value, value_required=not nullable), "map"
     if kind == "enum":
         return StringType(), "enum"
-    return _avro_type(kind, named, ids, depth + 1)
+    return _avro_type(kind, named, nest, at, depth + 1)
 
 
 def table_schema(fields: Iterable[FieldType], kafka_fields: Iterable[tuple[str, IcebergType]]) -> Schema:
@@ -172,14 +163,14 @@ def table_schema(fields: Iterable[FieldType], kafka_fields: Iterable[tuple[str, 
 
 @dataclass(slots=True)
 class Comparison:
-    """What a schema needs of an existing table."""
+    """What a schema needs of an existing table; nested fields are named by their path from the column."""
 
-    #: Fields the table has no column for, which may be added (nullable, or with a default).
-    add: list[FieldType]
+    #: Columns and nested fields the table lacks, which may be added (nullable, or with a default), with their type.
+    add: list[tuple[Path, IcebergType]]
     #: Columns to widen as Iceberg allows (int -> long, float -> double, a decimal's precision), with the new type.
-    promote: list[tuple[str, IcebergType]]
-    #: Required columns whose field may now be null: they become optional.
-    relax: list[str]
+    promote: list[tuple[Path, IcebergType]]
+    #: Required columns (struct fields, list elements, map values) the field may now leave null: they become optional.
+    relax: list[Path]
     #: (field or column name, why) of every change the table cannot take.
     conflicts: list[tuple[str, str]]
 
@@ -192,27 +183,29 @@ def compare(schema: Schema, fields: Fields, exempt: Iterable[str], display: str)
     """The changes ``fields`` needs of a table of ``schema``, and what conflicts: a column whose type cannot
     take the field's values and which Iceberg cannot promote, a new field neither nullable nor defaulted
     (rows already in the table have no value for it), a required column no field fills (``exempt``: the
-    Kafka coordinates)."""
+    Kafka coordinates) - at the top level and, the same way, inside structs, lists and maps."""
     out = Comparison([], [], [], [])
     columns = {f.name: f for f in schema.fields}
     for name, ft in fields.items():
         col = columns.get(name)
         if col is None:
             if ft.nullable or ft.defaulted:
-                out.add.append(ft)
+                out.add.append(((name,), ft.type))
             else:
                 out.conflicts.append((name, f"new field '{name}' is {ft.source}, neither nullable nor with a default: "
                                             f"the rows already in {display} have no value for it"))
             continue
-        if not takes(col.field_type, ft.type):
+        if isinstance(col.field_type, (StructType, ListType, MapType)) and type(col.field_type) is type(ft.type):
+            _nested((name,), col.field_type, ft.type, ft.nested_defaults, display, out)
+        elif not takes(col.field_type, ft.type):
             promoted = _promotion(col.field_type, ft.type)
             if promoted is None:
                 out.conflicts.append((name, f"field '{name}' is {ft.source} ({ft.type}) but column '{name}' of {display} is "
                                             f"{col.field_type}, which cannot take its values and Iceberg cannot promote to it"))
             else:
-                out.promote.append((name, promoted))
+                out.promote.append(((name,), promoted))
         if col.required and ft.nullable:
-            out.relax.append(name)
+            out.relax.append((name,))
     skip = set(exempt)
     for name, col in columns.items():
         if col.required and name not in fields and name not in skip:
@@ -220,8 +213,53 @@ def compare(schema: Schema, fields: Fields, exempt: Iterable[str], display: str)
     return out
 
 
+def _nested(path: Path, column: IcebergType, field: IcebergType, defaults: frozenset[Path], display: str,
+            out: Comparison) -> None:
+    """:func:`compare` inside a struct, list or map column: ``path`` names where (``address.city``)."""
+    at = ".".join(path)
+    if isinstance(column, StructType) and isinstance(field, StructType):
+        have = {f.name: f for f in column.fields}
+        for sub in field.fields:
+            inner, col = (*path, sub.name), have.get(sub.name)
+            if col is None:
+                if not sub.required or inner in defaults:
+                    out.add.append((inner, sub.field_type))
+                else:
+                    out.conflicts.append((".".join(inner), f"new field '{'.'.join(inner)}' is {sub.field_type}, neither "
+                                          f"nullable nor with a default: the rows already in {display} have no value for it"))
+                continue
+            _nested(inner, col.field_type, sub.field_type, defaults, display, out)
+            if col.required and not sub.required:
+                out.relax.append(inner)
+        named = {f.name for f in field.fields}
+        out.conflicts.extend((f"{at}.{c.name}", f"field '{at}.{c.name}' of {display} is required, and the schema has no "
+                              f"field '{at}.{c.name}' to fill it") for c in column.fields if c.required and c.name not in named)
+        return
+    if isinstance(column, ListType) and isinstance(field, ListType):
+        _nested((*path, "element"), column.element_type, field.element_type, defaults, display, out)
+        if column.element_required and not field.element_required:
+            out.relax.append((*path, "element"))
+        return
+    if isinstance(column, MapType) and isinstance(field, MapType):
+        _nested((*path, "key"), column.key_type, field.key_type, defaults, display, out)
+        _nested((*path, "value"), column.value_type, field.value_type, defaults, display, out)
+        if column.value_required and not field.value_required:
+            out.relax.append((*path, "value"))
+        return
+    if not takes(column, field):
+        promoted = _promotion(column, field)
+        if promoted is None:
+            out.conflicts.append((at, f"field '{at}' is {field} but column '{at}' of {display} is {column}, which "
+                                      "cannot take its values and Iceberg cannot promote to it"))
+        else:
+            out.promote.append((path, promoted))
+
+
 def takes(column: IcebergType, field: IcebergType) -> bool:
-    """Whether a column of type ``column`` holds every value of ``field`` exactly (field ids aside)."""
+    """Whether a column of type ``column`` holds every value of ``field`` exactly (field ids aside); a string
+    column holds a struct, list or map as its JSON text (a table created while they were typed so)."""
+    if isinstance(column, StringType) and isinstance(field, (StructType, ListType, MapType)):
+        return True
     if isinstance(column, DecimalType) and isinstance(field, DecimalType):
         return column.scale == field.scale and column.precision >= field.precision
     if isinstance(column, StructType) and isinstance(field, StructType):

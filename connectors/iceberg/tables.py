@@ -184,8 +184,8 @@ class Tables:
 
     def evolve_typed(self, ident: str, recs: Sequence[SinkRecord], table: Table) -> Table:
         """auto.evolve from schema versions: each schema of the batch not checked yet is compared with the
-        table; new optional fields are added, promotions Iceberg allows made, columns a field may now leave
-        null made optional - one ``update_schema()`` commit of the catalog's optimistic concurrency, before
+        table; new optional fields are added (nested ones inside their struct), promotions Iceberg allows made,
+        columns a field may now leave null made optional - one ``update_schema()`` commit of the catalog's optimistic concurrency, before
         any file of the txn is written: of workers adding the same column, one commits, the others'
         commits conflict, re-read the table and find it there. A change the table cannot take stops the
         task (:meth:`_incompatible`) before any row of that version is written."""
@@ -202,17 +202,18 @@ class Tables:
                     raise self._incompatible(ident, recs[0].topic, schema, found.conflicts)
                 if not found.changes:
                     break
-                self._check_names({f.name: f for f in found.add}, schema)
+                self._check_names({path[0]: ftype for path, ftype in found.add if len(path) == 1}, schema)
                 try:
                     with itx.no_retry(table).update_schema() as upd:
-                        for ft in found.add:
-                            upd.add_column(ft.name, ft.type)  # optional: rows already there have no value
-                        for name, ftype in found.promote:
-                            upd.update_column(name, field_type=ftype)
-                        for name in found.relax:
-                            upd.make_column_optional(name)
+                        for path, ftype in found.add:
+                            upd.add_column(path, ftype)  # optional: rows already there have no value
+                        for path, ftype in found.promote:
+                            upd.update_column(path, field_type=ftype)
+                        for path in found.relax:
+                            upd.make_column_optional(path)
                     log.info("evolved %s for %s: added %s, promoted %s, made optional %s", ident, schema.describe(),
-                             [f.name for f in found.add], found.promote, found.relax)
+                             [".".join(p) for p, _ in found.add], [(".".join(p), str(t)) for p, t in found.promote],
+                             [".".join(p) for p in found.relax])
                 except CommitFailedException:
                     pass  # another worker changed the table first: re-read it and compare again
                 table = self.load(ident)

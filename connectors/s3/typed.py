@@ -35,7 +35,7 @@ def typed_columns(records: Sequence[SinkRecord]) -> Any:
         from pyiceberg.io.pyarrow import schema_to_pyarrow
 
         from eosink.connectors.iceberg import schema_types as ist
-        from eosink.connectors.iceberg.typed_values import convert_column
+        from eosink.connectors.iceberg.typed_values import arrow_array, convert_column
     except ImportError:
         return None
     schemas = list(dict.fromkeys(map(attrgetter("value_schema"), records)))
@@ -61,7 +61,7 @@ def typed_columns(records: Sequence[SinkRecord]) -> Any:
         col = [v.get(f.name) for v in values]
         ftype = schema.find_field(f.name).field_type
         try:
-            arrays.append(pa.array(convert_column(col, ftype), type=f.type))
+            arrays.append(arrow_array(convert_column(col, ftype), f.type))
         except (ValueError, TypeError, AttributeError, ArithmeticError, pa.ArrowException) as exc:
             raise _bad(records, col, f.name, ftype, f.type) or RecordError(
                 f"column '{f.name}' cannot be written as {f.type}: {exc}", topic=records[0].topic,
@@ -71,13 +71,11 @@ def typed_columns(records: Sequence[SinkRecord]) -> Any:
 
 def _bad(records: Sequence[SinkRecord], col: list[Any], name: str, ftype: Any, arrow_type: Any) -> RecordError | None:
     """The first record whose value does not convert, named."""
-    import pyarrow as pa
-
-    from eosink.connectors.iceberg.typed_values import convert_column
+    from eosink.connectors.iceberg.typed_values import arrow_array, convert_column
 
     for r, x in zip(records, col):
         try:
-            pa.array(convert_column([x], ftype), type=arrow_type)
+            arrow_array(convert_column([x], ftype), arrow_type)
         except Exception as exc:  # noqa: BLE001 - any failure marks the offending value
             return RecordError(f"{x!r:.60} is not a value of column type {arrow_type} ({exc})", topic=r.topic,
                                partition=r.partition, offset=r.offset, column=name, component=COMPONENT)
