@@ -95,16 +95,20 @@ def columns(cat: Catalog, table: str) -> list[tuple[str, str, bool]]:
              else _nested(f.field_type), f.required) for f in cat.load_table(f"eosink_typed.{table}").schema().fields]
 
 
-def _nested(t: Any) -> str:
-    """A nested type without its field ids: ``struct<city: string>``, ``list<string>``, ``map<string, long>``."""
+def _nested(t: Any, marked: bool = False) -> str:
+    """A nested type without its field ids: ``struct<city: string>``, ``list<string>``, ``map<string, long>``;
+    ``marked``: an optional struct field, list element or map value followed by ``?`` (``struct<zip?: string>``)."""
     from pyiceberg.types import ListType, MapType, StructType
 
+    def mark(optional: bool) -> str:
+        return "?" if marked and optional else ""
+
     if isinstance(t, StructType):
-        return "struct<" + ", ".join(f"{f.name}: {_nested(f.field_type)}" for f in t.fields) + ">"
+        return "struct<" + ", ".join(f"{f.name}{mark(not f.required)}: {_nested(f.field_type, marked)}" for f in t.fields) + ">"
     if isinstance(t, ListType):
-        return f"list<{_nested(t.element_type)}>"
+        return f"list<{_nested(t.element_type, marked)}{mark(not t.element_required)}>"
     if isinstance(t, MapType):
-        return f"map<{_nested(t.key_type)}, {_nested(t.value_type)}>"
+        return f"map<{_nested(t.key_type, marked)}, {_nested(t.value_type, marked)}{mark(not t.value_required)}>"
     return str(t)
 
 

@@ -101,3 +101,94 @@ def test_an_object_of_two_schema_versions_has_the_union_of_their_fields_nullable
         ("id", "int64", False), ("amount", "decimal128(10, 2)", False), ("discount", "decimal128(8, 3)", True),
         ("coupon", "large_string", True)]
     assert table.column("discount").to_pylist() == [None, decimal.Decimal("0.125")]
+
+
+@pytest.mark.parametrize("fmt", ["jsonschema", "protobuf"])
+def test_nested_json_schema_and_protobuf_values_make_parquet_structs_lists_and_maps_with_exact_values(
+        registry: RegistryServer, stack, make_topic, unique, tmp_path, fmt: str) -> None:
+    import boto3
+
+    from tests.restkit import produce
+    from tests.test_iceberg_typed_nested import (
+        ORDER_JSON,
+        TREE,
+        basket,
+        basket_class,
+        basket_read,
+        json_serializer,
+        order_json,
+        order_json_read,
+        proto_serializer,
+    )
+
+    client = boto3.client("s3", **stack.s3)
+    bucket = name = unique.replace("_", "-")
+    topic = make_topic(2)
+    if fmt == "jsonschema":
+        encode_json = json_serializer(registry.url, topic, ORDER_JSON)
+        values = [encode_json(order_json(i)) for i in range(30)]
+    else:
+        encode_proto = proto_serializer(registry.url, topic, basket_class())
+        values = [encode_proto(basket(i)) for i in range(30)]
+    produce(stack.kafka_bootstrap, topic, [(i % 2, v) for i, v in enumerate(values)])
+
+    def ids() -> list[int]:
+        return sorted(i for t in objects(client, bucket, name) for i in t.column("id").to_pylist())
+
+    deliver(stack, unique, {**s3_connector(stack, registry.url, topic, bucket), "value.converter": CLASSES[fmt]}, ids, 30,
+            tmp_path)
+    tables = objects(client, bucket, name)
+    got = {r["id"]: r for t in tables for r in t.to_pylist()}
+    types = {f.name: (str(f.type), f.nullable) for f in tables[0].schema}
+    if fmt == "jsonschema":
+        assert {k: types[k] for k in ("address", "lines", "attrs", "tree")} == NESTED_JSON_PARQUET
+        for i in (7, 8):
+            want = order_json_read(i)
+            assert {k: got[i][k] for k in want if k != "tree"} == {k: v for k, v in want.items() if k != "tree"}
+            assert json.loads(got[i]["tree"]) == TREE
+    else:
+        assert {k: types[k] for k in ("customer", "lines", "attrs", "slots", "at", "tree")} == NESTED_PROTOBUF_PARQUET
+        for i in (6, 7, 8):
+            assert basket_read(got[i]) == basket(i)
+    for key in [o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", [])]:
+        client.delete_object(Bucket=bucket, Key=key)
+    client.delete_bucket(Bucket=bucket)
+
+
+#: The nested columns of ORDER_JSON and of shop.Basket as Parquet gives them back.
+NESTED_JSON_PARQUET = {
+    "address": ("struct<city: large_string not null, since: timestamp[us, tz=UTC]>", False),
+    "lines": ("large_list<element: struct<sku: large_string not null, price: double not null, day: date32[day], "
+              "ref: extension<arrow.uuid>> not null>", False),
+    "attrs": ("map<large_string, int64 ('attrs')>", True), "tree": ("large_string", True),
+}
+NESTED_PROTOBUF_PARQUET = {
+    "customer": ("struct<name: large_string not null, vip: bool not null>", True),
+    "lines": ("large_list<element: struct<sku: large_string not null, qty: int32 not null, blob: large_binary not null, "
+              "units: decimal128(20, 0) not null> not null>", False),
+    "attrs": ("map<large_string, int64 ('attrs')>", False), "slots": ("map<int32, large_string ('slots')>", False),
+    "at": ("struct<seconds: int64 not null, nanos: int32 not null>", True), "tree": ("large_string", True),
+}
+
+
+def test_an_object_of_two_versions_has_the_union_of_their_nested_fields() -> None:
+    """Pure: JSON Schema records of ORDER_JSON and of a version whose address has a new optional ``zip``, in one object."""
+    import pyarrow.parquet as pq
+
+    from eosink.connectors.api.records import SinkRecord
+    from eosink.connectors.api.schemas import WriterSchema
+    from eosink.connectors.s3.encoding import encode_parquet
+    from tests.test_iceberg_typed_nested import ORDER_JSON, order_json
+
+    v2_doc = json.loads(json.dumps(ORDER_JSON))
+    v2_doc["properties"]["address"]["properties"]["zip"] = {"type": ["string", "null"]}
+    v1, v2 = WriterSchema(1, "jsonschema", json.dumps(ORDER_JSON)), WriterSchema(2, "jsonschema", json.dumps(v2_doc))
+    recs = [SinkRecord("t", 0, 0, None, order_json(0), None),
+            SinkRecord("t", 0, 1, None, {**order_json(1), "address": {"city": "Nice", "zip": "06000"}}, None)]
+    recs[0].value_schema, recs[1].value_schema = v1, v2
+    table = pq.read_table(io.BytesIO(encode_parquet(recs)))
+    assert str(table.schema.field("address").type) == ("struct<city: large_string not null, since: timestamp[us, tz=UTC], "
+                                                       "zip: large_string>")
+    assert table.column("address").to_pylist() == [
+        {"city": "Lyon", "since": datetime.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=datetime.UTC), "zip": None},
+        {"city": "Nice", "since": None, "zip": "06000"}]
