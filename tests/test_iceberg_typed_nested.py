@@ -302,3 +302,58 @@ def test_nested_json_schema_and_protobuf_types_map_without_servers() -> None:
     assert convert_column([{"a": 1}], fields["open"].type) == [{"a": 1}]
     with pytest.raises(ValueError, match="'b' is no field"):
         convert_column([{"a": 1, "b": 2}], fields["open"].type)
+
+
+def test_nested_fields_evolve_inside_lists_and_maps_and_a_nested_conflict_names_its_path(tmp_path) -> None:
+    """No servers (a SQLite catalog, a local warehouse): versions adding a field to a list's element struct and
+    to a map's value struct, making a map value's field optional and widening a nested Avro int to long, each
+    evolve the table by the field's path; a nested type change stops the task naming that path."""
+    from pyiceberg.catalog import load_catalog
+
+    from eosink.connectors.api.errors import FatalError
+    from eosink.connectors.api.records import SinkRecord
+    from eosink.connectors.api.schemas import WriterSchema
+    from eosink.connectors.iceberg.tables import Tables
+
+    props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": f"file://{tmp_path}"}
+    tables = Tables("local", props, auto_create=True, auto_evolve=True, kafka=False, partition_fields=(), table_props={},
+                    attempts=3)
+
+    def line(extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {"type": "object", "required": ["sku"], "properties": {"sku": {"type": "string"}, **(extra or {})}}
+
+    def doc(line_extra: dict[str, Any] | None, unit: bool, sku: str = "string") -> dict[str, Any]:
+        value = {"type": "object", "required": [] if unit else ["n"],
+                 "properties": {"n": {"type": "integer"}, **({"unit": {"type": "string"}} if unit else {})}}
+        items = line(line_extra)
+        items["properties"]["sku"] = {"type": sku}
+        return {"type": "object", "required": ["id"], "properties": {
+            "id": {"type": "integer"}, "lines": {"type": "array", "items": items},
+            "attrs": {"type": "object", "additionalProperties": value}}}
+
+    def ensure(ident: str, schema: WriterSchema, value: dict[str, Any]) -> Any:
+        rec = SinkRecord("t", 0, 0, None, value, None)
+        rec.value_schema = schema
+        return tables.ensure(ident, [rec], [value])[0]
+
+    v1 = WriterSchema(1, "jsonschema", json.dumps(doc(None, False)))
+    v2 = WriterSchema(2, "jsonschema", json.dumps(doc({"qty": {"type": "integer"}}, True)))
+    ensure("shop.orders", v1, {"id": 1, "lines": [{"sku": "a"}], "attrs": {"k": {"n": 1}}})
+    table = ensure("shop.orders", v2, {"id": 2, "lines": [{"sku": "a", "qty": 3}], "attrs": {"k": {"unit": "kg"}}})
+    assert [(f.name, shape(f.field_type)) for f in table.schema().fields] == [
+        ("id", "long"), ("lines", "list<struct<sku: string, qty?: long>>"),
+        ("attrs", "map<string, struct<n?: long, unit?: string>>")]
+    assert len(load_catalog("local", **props).load_table("shop.orders").schemas()) == 2, "one schema change"
+
+    record = {"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}, {"name": "inner", "type": {
+        "type": "record", "name": "Inner", "fields": [{"name": "q", "type": "int"}]}}]}
+    wider = json.loads(json.dumps(record))
+    wider["fields"][1]["type"]["fields"][0]["type"] = "long"
+    ensure("shop.avro", WriterSchema(3, "avro", json.dumps(record)), {"id": 1, "inner": {"q": 1}})
+    table = ensure("shop.avro", WriterSchema(4, "avro", json.dumps(wider)), {"id": 2, "inner": {"q": 2**40}})
+    assert shape(table.schema().find_field("inner").field_type) == "struct<q: long>"
+
+    v3 = WriterSchema(5, "jsonschema", json.dumps(doc({"qty": {"type": "integer"}}, True, sku="integer")))
+    with pytest.raises(FatalError) as err:
+        ensure("shop.orders", v3, {"id": 3, "lines": [{"sku": 4}], "attrs": {}})
+    assert "field 'lines.element.sku' is long but column 'lines.element.sku' of shop.orders is string" in str(err.value)
