@@ -357,3 +357,31 @@ def test_nested_fields_evolve_inside_lists_and_maps_and_a_nested_conflict_names_
     with pytest.raises(FatalError) as err:
         ensure("shop.orders", v3, {"id": 3, "lines": [{"sku": 4}], "attrs": {}})
     assert "field 'lines.element.sku' is long but column 'lines.element.sku' of shop.orders is string" in str(err.value)
+
+
+def test_a_string_column_takes_a_nested_field_as_its_json_text(tmp_path) -> None:
+    """No servers: a table whose ``address`` is a string column (made by hand, or before nested values were
+    typed) takes a schema whose address is an object: no conflict, the object lands as its JSON text."""
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    from eosink.connectors.api.records import SinkRecord
+    from eosink.connectors.api.schemas import WriterSchema
+    from eosink.connectors.iceberg import arrow as ia
+    from eosink.connectors.iceberg.tables import Tables
+
+    props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": f"file://{tmp_path}"}
+    cat = load_catalog("local", **props)
+    cat.create_namespace("shop")
+    cat.create_table("shop.orders", Schema(NestedField(1, "id", LongType(), required=True),
+                                           NestedField(2, "address", StringType(), required=False)))
+    tables = Tables("local", props, auto_create=True, auto_evolve=True, kafka=False, partition_fields=(), table_props={},
+                    attempts=3)
+    value = {"id": 1, "address": {"city": "Lyon"}}
+    rec = SinkRecord("t", 0, 0, None, value, None)
+    rec.value_schema = WriterSchema(1, "jsonschema", json.dumps({"type": "object", "required": ["id"], "properties": {
+        "id": {"type": "integer"}, "address": {"type": "object", "properties": {"city": {"type": "string"}}}}}))
+    table = tables.ensure("shop.orders", [rec], [value])[0]
+    assert len(table.schemas()) == 1, "the table is unchanged"
+    assert ia.to_arrow(table.schema(), [rec], [value], False, typed=True).column("address").to_pylist() == ['{"city":"Lyon"}']
