@@ -192,3 +192,31 @@ def test_an_object_of_two_versions_has_the_union_of_their_nested_fields() -> Non
     assert table.column("address").to_pylist() == [
         {"city": "Lyon", "since": datetime.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=datetime.UTC), "zip": None},
         {"city": "Nice", "since": None, "zip": "06000"}]
+
+
+def test_an_object_of_two_protobuf_versions_has_the_union_of_their_nested_message_fields() -> None:
+    """Pure: shop.Basket records, and records of a version whose Customer has an ``email`` (required, as every
+    proto3 scalar: the object's struct gets it nullable, the v1 rows null), decoded as the converter does."""
+    import pyarrow.parquet as pq
+    from google.protobuf import descriptor_pb2
+
+    from eosink.connectors.api.records import SinkRecord
+    from eosink.connectors.api.schemas import WriterSchema
+    from eosink.connectors.s3.encoding import encode_parquet
+    from eosink.worker.engine.registry_converters import _message_dict, jsonable
+    from tests.test_iceberg_typed_nested import basket, basket_class
+
+    recs = []
+    for n, cls in enumerate((basket_class(), basket_class(email=True))):
+        fdp = descriptor_pb2.FileDescriptorProto()
+        cls.DESCRIPTOR.file.CopyToProto(fdp)
+        schema = WriterSchema(n + 1, "protobuf", "", parsed=fdp, descriptor=cls.DESCRIPTOR.file)
+        value = basket(1) if n == 0 else {**basket(2), "customer": {"name": "c2", "vip": True, "email": "c2@x"}}
+        recs.append(SinkRecord("t", 0, n, None, jsonable(_message_dict(cls(**value))), None))
+        recs[-1].value_schema = schema
+    table = pq.read_table(io.BytesIO(encode_parquet(recs)))
+    assert str(table.schema.field("customer").type) == ("struct<name: large_string not null, vip: bool not null, "
+                                                        "email: large_string>")
+    assert table.column("customer").to_pylist() == [{"name": "c1", "vip": False, "email": None},
+                                                    {"name": "c2", "vip": True, "email": "c2@x"}]
+    assert table.column("lines").to_pylist()[1][0]["units"] == decimal.Decimal(2**64 - 3)

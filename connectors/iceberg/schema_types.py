@@ -274,6 +274,31 @@ def takes(column: IcebergType, field: IcebergType) -> bool:
     return column == field or isinstance(column, _WIDER.get(type(field), ()))
 
 
+def widest(a: IcebergType, b: IcebergType) -> IcebergType | None:
+    """A type whose column takes the values of both ``a`` and ``b`` (one object of several schema versions):
+    structs of the fields of both, a field one of them lacks optional; None when neither takes the other."""
+    if isinstance(a, StructType) and isinstance(b, StructType):
+        theirs = {f.name: f for f in b.fields}
+        fields = []
+        for f in a.fields:
+            g = theirs.pop(f.name, None)
+            t = f.field_type if g is None else widest(f.field_type, g.field_type)
+            if t is None:
+                return None
+            fields.append(NestedField(f.field_id, f.name, t, required=f.required and g is not None and g.required))
+        fields += [NestedField(g.field_id, g.name, g.field_type, required=False) for g in theirs.values()]
+        return StructType(*fields)
+    if isinstance(a, ListType) and isinstance(b, ListType):
+        element = widest(a.element_type, b.element_type)
+        return None if element is None else ListType(a.element_id, element, a.element_required and b.element_required)
+    if isinstance(a, MapType) and isinstance(b, MapType):
+        key, value = widest(a.key_type, b.key_type), widest(a.value_type, b.value_type)
+        if key is None or value is None:
+            return None
+        return MapType(a.key_id, key, a.value_id, value, a.value_required and b.value_required)
+    return a if takes(a, b) else b if takes(b, a) else None
+
+
 def _promotion(column: IcebergType, field: IcebergType) -> IcebergType | None:
     """The type Iceberg's schema evolution may widen ``column`` to so it takes ``field``; None if there is none."""
     if isinstance(column, IntegerType) and isinstance(field, LongType):

@@ -14,6 +14,7 @@ None and the columns stay inferred from the values (the S3 sink's own extra need
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from operator import attrgetter
 from typing import Any
 
@@ -27,7 +28,7 @@ def typed_columns(records: Sequence[SinkRecord]) -> Any:
     """The records' value fields as a typed Arrow table (no Kafka columns), or None where the values keep
     their inferred types: records without a schema, a schema not typed as a record, pyiceberg absent, or
     versions whose common fields disagree on a type (each version's fields are the union's, nullable
-    where a version lacks them)."""
+    where a version lacks them, inside structs too)."""
     if not records or (records[0].value_schema is None and records[-1].value_schema is None):
         return None
     try:
@@ -48,10 +49,10 @@ def typed_columns(records: Sequence[SinkRecord]) -> Any:
             return None
         for name, ft in fields.items():
             seen = merged.get(name)
-            if seen is None or (not ist.takes(seen.type, ft.type) and ist.takes(ft.type, seen.type)):
-                merged[name] = ft  # (a later version's wider type: int then long, a decimal's precision)
-            elif not ist.takes(seen.type, ft.type):
+            wide = ft.type if seen is None else ist.widest(seen.type, ft.type)  # (int then long, a struct's new field)
+            if wide is None:
                 return None
+            merged[name] = replace(ft, type=wide)
     nullable = {n for n in merged if any(fields is not None and (n not in fields or fields[n].nullable) for fields in versions)}
     schema = ist.table_schema([ist.FieldType(n, f.type, n in nullable, f.defaulted, f.source) for n, f in merged.items()], ())
     arrow_schema = schema_to_pyarrow(schema, include_field_ids=False)
