@@ -56,6 +56,7 @@ from eosink.spark_jobs.ledger import RunState, read_run
 from eosink.spark_jobs.ledger_index import StreamRun, run_states
 from eosink.spark_jobs.naming import stream_run_id, stream_transactional_id, transactional_id
 from eosink.spark_jobs.publisher import native_enabled, preflight
+from eosink.spark_jobs.replay_check import ReplayScan, plan_scan
 from eosink.spark_jobs.runs import finish_run
 from eosink.spark_jobs.sink_options import SOURCE, SinkSettings, adapt, parse
 from eosink.spark_jobs.task import PartitionResult, TaskSpec, publish_partition
@@ -166,6 +167,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
         #: Filled when the writer is pickled for the tasks: every kept run's state, and where their ledger reads begin.
         self.runs: dict[str, StreamRun] | None = None
         self.since = 0
+        self.scans: dict[str, ReplayScan] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         if self.runs is None:
@@ -207,6 +209,9 @@ class StreamWriter(DataSourceStreamArrowWriter):
                 _FENCED.add(fencing)
             if started:
                 runs, since = run_states(s.producer_config, s.ledger_topic, s.job, None, s.ledger_timeout_s)
+        # A replay of a partly committed batch checks a content it does not find against the committed records.
+        self.scans = {r: plan_scan(s.producer_config, s.topics, run.contents.values(), bool(run.pending), s.ledger_timeout_s)
+                      for r, run in runs.items() if run.marker is None and (run.contents or run.pending)}
         self.runs, self.since = runs, since
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PartitionMessage:
@@ -219,7 +224,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
             self.settings, run_id=run_id, ledger_since=self.since, published_content=run.contents,
             pending={-1: run.pending}, complete=run.marker is not None, stream=True,
             entry_extra={"query_id": query_id, "batch_id": int(batch_id)},
-            fault_hook=for_batch(self.settings.fault_hook, int(batch_id)),
+            fault_hook=for_batch(self.settings.fault_hook, int(batch_id)), replay=self.scans.get(run_id),
         )
         result = publish_partition(spec, partition, attempt, adapt(iterator, self.settings.cast_to_string))
         return PartitionMessage(result, query_id)
