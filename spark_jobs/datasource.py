@@ -25,7 +25,9 @@ Where the driver work happens, and why it differs from ``publish_outbox``:
 
 Spark 4.1 accepts only append mode from a Python data source in a stream (it refuses update mode
 itself); complete mode is refused here (an outbox would deliver the whole result every batch). For
-update mode, or for the replay check before any task publishes, use ``publish_outbox_stream``.
+update mode, or to have a replay with another partition count refused before any task publishes, use
+``publish_outbox_stream``; a format task checks a replay's regrouped rows itself before it commits
+(:mod:`eosink.spark_jobs.replay_check`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,15 @@ with its own records by a 64-bit hash of (topic, key, value):
   whole content, so a later replay with this grouping finds it);
 * anything else (a committed group split between this partition and others): the transaction is
   aborted and the task fails with :class:`~eosink.spark_jobs.errors.ReplayRegroupedError`. It
-  commits nothing, so restarting with the grouping of the attempt that committed first completes.
+  commits nothing (its siblings in the replay may commit theirs).
+
+A batch therefore completes in a grouping that holds every committed group whole in one partition:
+the first attempt's, as long as each group a regrouped replay committed lies inside one of its
+partitions (the Kafka source's ``minPartitions`` splits an offset range, it never joins two). A
+replay that mixes rows of several earlier partitions (a hash repartition into another count) can
+commit groups straddling the first attempt's; the batch is then refused in every grouping, never
+published twice nor lost (the README's safe plans say to use ``publish_outbox_stream(partitions=N)``
+for such plans).
 
 Why this is sound: the driver measures, after it has ended every transaction of the job's earlier
 attempts (:mod:`eosink.spark_jobs.fencing`), where the run's committed records can be in each outbox
