@@ -3,7 +3,8 @@
 It reads a Kafka topic (read_committed) with spark-sql-kafka, publishes it to an outbox with one of the
 two streaming publishers (``ds``: ``writeStream.format("eosink")``, ``fn``: ``publish_outbox_stream``)
 until the topic is drained (``availableNow``), prints ``DONE <batches>`` and exits. ``--fault`` is a
-hook of :mod:`eosink.spark_jobs.faults` as :func:`~eosink.spark_jobs.faults.to_option` encodes it.
+hook of :mod:`eosink.spark_jobs.faults` as :func:`~eosink.spark_jobs.faults.to_option` encodes it,
+``--min-partitions`` the Kafka source's ``minPartitions``.
 """
 
 from __future__ import annotations
