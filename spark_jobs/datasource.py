@@ -25,7 +25,9 @@ Where the driver work happens, and why it differs from ``publish_outbox``:
 
 Spark 4.1 accepts only append mode from a Python data source in a stream (it refuses update mode
 itself); complete mode is refused here (an outbox would deliver the whole result every batch). For
-update mode, or for the replay check before any task publishes, use ``publish_outbox_stream``.
+update mode, or to have a replay with another partition count refused before any task publishes, use
+``publish_outbox_stream``; a format task checks a replay's regrouped rows itself before it commits
+(:mod:`eosink.spark_jobs.replay_check`).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from eosink.spark_jobs.ledger import RunState, read_run
 from eosink.spark_jobs.ledger_index import StreamRun, run_states
 from eosink.spark_jobs.naming import stream_run_id, stream_transactional_id, transactional_id
 from eosink.spark_jobs.publisher import native_enabled, preflight
+from eosink.spark_jobs.replay_check import ReplayScan, plan_scan
 from eosink.spark_jobs.runs import finish_run
 from eosink.spark_jobs.sink_options import SOURCE, SinkSettings, adapt, parse
 from eosink.spark_jobs.task import PartitionResult, TaskSpec, publish_partition
@@ -158,6 +161,24 @@ _FENCED: set[Any] = set()
 _LOCK = threading.Lock()
 
 
+_SCANS: dict[Any, ReplayScan] = {}
+
+
+def _scan(s: SinkSettings, ident: Any, run_id: str, run: StreamRun) -> ReplayScan:
+    """Where a replay of ``run_id`` finds the run's committed records (:mod:`eosink.spark_jobs.replay_check`).
+
+    Measured after the job's earlier transactions were ended, and kept while the run's committed entries stay
+    the same: a run left incomplete by an abandoned query is in every micro-batch's view, and must not cost one."""
+    key = (ident, run_id, tuple(sorted(run.contents)), tuple(sorted(run.indices)), run.pending)
+    with _LOCK:
+        scan = _SCANS.get(key)
+    if scan is None or run.pending:
+        scan = plan_scan(s.producer_config, s.topics, run.contents.values(), bool(run.pending), s.ledger_timeout_s)
+        with _LOCK:
+            _SCANS[key] = scan
+    return scan
+
+
 class StreamWriter(DataSourceStreamArrowWriter):
     """``df.writeStream.format("eosink")``: one run per micro-batch (see the module doc for who does what)."""
 
@@ -166,6 +187,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
         #: Filled when the writer is pickled for the tasks: every kept run's state, and where their ledger reads begin.
         self.runs: dict[str, StreamRun] | None = None
         self.since = 0
+        self.scans: dict[str, ReplayScan] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         if self.runs is None:
@@ -207,6 +229,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
                 _FENCED.add(fencing)
             if started:
                 runs, since = run_states(s.producer_config, s.ledger_topic, s.job, None, s.ledger_timeout_s)
+        self.scans = {r: _scan(s, ident, r, run) for r, run in runs.items() if run.marker is None and (run.contents or run.pending)}
         self.runs, self.since = runs, since
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PartitionMessage:
@@ -219,7 +242,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
             self.settings, run_id=run_id, ledger_since=self.since, published_content=run.contents,
             pending={-1: run.pending}, complete=run.marker is not None, stream=True,
             entry_extra={"query_id": query_id, "batch_id": int(batch_id)},
-            fault_hook=for_batch(self.settings.fault_hook, int(batch_id)),
+            fault_hook=for_batch(self.settings.fault_hook, int(batch_id)), replay=self.scans.get(run_id),
         )
         result = publish_partition(spec, partition, attempt, adapt(iterator, self.settings.cast_to_string))
         return PartitionMessage(result, query_id)

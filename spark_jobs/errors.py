@@ -127,6 +127,33 @@ class PartitioningChangedError(FatalError):
         )
 
 
+class ReplayRegroupedError(FatalError):
+    """A replayed micro-batch puts rows an earlier attempt committed into other groups than that attempt did.
+
+    Raised by the task before its transaction commits (it commits nothing): some of the partition's rows
+    are committed inside a group the partition only partly holds, so publishing it would duplicate them
+    and skipping it could lose the others. The batch completes once it is replayed with the grouping of
+    the attempt that committed first.
+    """
+
+    ADVICE = (
+        "restart the query with the partitioning that attempt had (the Kafka source's minPartitions, the partition "
+        "count of a repartition or of spark.sql.shuffle.partitions in a stateless query) until this batch has "
+        "completed, or publish with publish_outbox_stream(partitions=N), which refuses a changed count before "
+        "anything is published"
+    )
+
+    def __init__(self, job: str, run_id: str, partition: int, detail: str) -> None:
+        query, _, batch = run_id.rpartition(".")
+        super().__init__(
+            f"micro-batch {batch} of query {query} (job '{job}'), partition {partition}: {detail}; its transaction is "
+            f"aborted, nothing of it is visible. The replay groups the batch's rows differently from the attempt "
+            f"that committed part of it: {self.ADVICE}",
+            component=COMPONENT,
+        )
+        self.job, self.run_id, self.partition = job, run_id, partition
+
+
 class UnsupportedTypeError(ConfigError):
     """A value column's Spark type has no Avro mapping (or its name is not a valid Avro name)."""
 
@@ -212,6 +239,7 @@ __all__ = [
     "PartitioningChangedError",
     "PublishError",
     "RegistryUnreachableError",
+    "ReplayRegroupedError",
     "SchemaRejectedError",
     "UnsupportedTypeError",
     "TaskTooLongError",

@@ -76,6 +76,8 @@ class LedgerEntry:
     topics: dict[str, int] = field(default_factory=dict)
     num_partitions: int | None = None
     call_id: str | None = None
+    published_at_ms: int | None = None
+    transaction_timeout_ms: int | None = None  # a micro-batch entry's (where a replay looks for its records)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> LedgerEntry:
@@ -88,6 +90,8 @@ class LedgerEntry:
             topics=dict(d.get("topics") or {}),
             num_partitions=d.get("num_partitions"),
             call_id=d.get("call_id"),
+            published_at_ms=d.get("published_at_ms"),
+            transaction_timeout_ms=d.get("transaction_timeout_ms"),
         )
 
 

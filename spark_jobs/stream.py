@@ -52,6 +52,7 @@ from eosink.spark_jobs.publisher import (
     preflight,
     producer_config,
 )
+from eosink.spark_jobs.replay_check import plan_scan
 from eosink.spark_jobs.runs import PublishResult, already_published, finish_run, run_tasks
 from eosink.spark_jobs.task import FaultHook, TaskSpec
 
@@ -179,6 +180,8 @@ class MicroBatchPublisher:
             spec, run_id=run_id, ledger_since=end, published_content=run.contents, pending={-1: run.pending},
             num_partitions=n, call_id=uuid.uuid4().hex, entry_extra={"query_id": query_id, "batch_id": batch_id},
             fault_hook=for_batch(self.fault_hook, batch_id),
+            replay=plan_scan(spec.producer_config, [ob.topic for ob in spec.outboxes], run.contents.values(),
+                             bool(run.pending), spec.ledger_timeout_s) if run.contents or run.pending else None,
         )
         job_started = time.monotonic()
         try:

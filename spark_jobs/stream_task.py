@@ -23,15 +23,22 @@ too; the same across attempts where the partition's first rows are (an offset ra
 
 Two partitions of one micro-batch with exactly the same rows (as multisets of key and value bytes)
 share an identity: on a replay after one of them committed, the other is taken as published.
+
+A replay of a partly committed batch (``spec.replay`` set by the driver) holds its rows until the
+content is known: a content matching no committed entry is first compared with the run's committed
+records, and only its rows provably not published yet go into the transaction, or the task refuses
+(:mod:`eosink.spark_jobs.replay_check`). Every other micro-batch produces its rows as they arrive.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
+from eosink.spark_jobs.errors import ReplayRegroupedError
 from eosink.spark_jobs.fingerprint import batch_fingerprint, combine
 from eosink.spark_jobs.ledger import LedgerEntry, lookup_committed
 from eosink.spark_jobs.naming import ledger_key, record_id_prefix
+from eosink.spark_jobs.replay_check import committed_groups, new_rows, row_records
 from eosink.spark_jobs.task import PartitionPublisher, PartitionResult, TaskSpec
 
 
@@ -48,6 +55,8 @@ class StreamPartitionPublisher(PartitionPublisher):
         super().__init__(spec, partition, attempt)
         self.fingerprint = 0
         self.rows = 0
+        #: A replay of a partly committed batch: the rows, held until the content is known (see the module doc).
+        self.held: list[pa.RecordBatch] | None = [] if spec.replay is not None else None
 
     @property
     def identity(self) -> str:
@@ -60,7 +69,7 @@ class StreamPartitionPublisher(PartitionPublisher):
         return ledger_key(self.spec.job, self.spec.run_id, f"{self.partition}.{self.identity}")
 
     def _entry_extra(self) -> dict[str, object]:
-        return {"content": self.identity, "rows": self.rows}
+        return {"content": self.identity, "rows": self.rows, "transaction_timeout_ms": self.spec.transaction_timeout_ms}
 
     def write(self, batch: pa.RecordBatch) -> None:
         if batch.num_rows:
@@ -71,6 +80,9 @@ class StreamPartitionPublisher(PartitionPublisher):
                 self._prefix = record_id_prefix(self.spec.job, self.spec.run_id, f"{self.partition}-{content:016x}")
             self.fingerprint = combine(self.fingerprint, content)
             self.rows += batch.num_rows
+            if self.held is not None:
+                self.held.append(batch)
+                return
         super().write(batch)
 
     def commit(self) -> PartitionResult:
@@ -83,5 +95,24 @@ class StreamPartitionPublisher(PartitionPublisher):
         if earlier is not None:
             self.abort()  # these rows were published by an earlier attempt: this copy is never visible
             return self.skipped(earlier)
+        if self.held is not None:
+            self._publish_held()
         return super().commit()
+
+    def _publish_held(self) -> None:
+        """A new content in a replay of a partly committed batch: only its rows no earlier attempt committed."""
+        spec, held, self.held = self.spec, self.held or [], None
+        assert spec.replay is not None
+        groups = committed_groups(spec.producer_config, spec.replay, spec.run_id, spec.ledger_timeout_s)
+        rows = [r for batch in held for r in row_records(spec.outboxes, batch)] if groups else []
+        keep = new_rows(rows, groups) if groups else [True] * self.rows
+        if keep is None:
+            self.abort()
+            raise ReplayRegroupedError(spec.job, spec.run_id, self.partition,
+                                       f"{self.rows} rows of content {self.identity}, some of which were committed by "
+                                       "an earlier attempt inside a group this partition holds only in part")
+        first = 0
+        for batch in held:
+            mask, first = keep[first:first + batch.num_rows], first + batch.num_rows
+            super().write(batch if all(mask) else batch.filter(pa.array(mask)))
 

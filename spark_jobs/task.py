@@ -52,6 +52,7 @@ from eosink.spark_jobs.ledger import LedgerEntry, entry_value, lookup_committed
 from eosink.spark_jobs.naming import ledger_key, record_id_prefix, stream_transactional_id, transactional_id
 from eosink.spark_jobs.outbox import CompiledOutbox
 from eosink.spark_jobs.produce import ProduceLoops, plain_outbox
+from eosink.spark_jobs.replay_check import ReplayScan
 from eosink.spark_jobs.txn_errors import classify
 from eosink.worker.engine.kafka_errors import authorization_error
 
@@ -98,6 +99,8 @@ class TaskSpec:
     entry_extra: dict[str, Any] = field(default_factory=dict)
     #: The run's marker is in the ledger: every row of it is published, no task writes anything.
     complete: bool = False
+    #: Streaming, a replay of a partly committed batch: where the run's committed records are (replay_check).
+    replay: ReplayScan | None = None
 
     @property
     def bootstrap(self) -> str:

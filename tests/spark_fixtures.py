@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -127,3 +128,44 @@ def assert_exactly_once(records: Iterable[Rec], expected_keys: Iterable[str]) ->
     ids = Counter(r.id for r in records)
     assert "" not in ids, "a record without an eosink.id header"
     assert max(ids.values(), default=1) == 1, "duplicated eosink.id headers"
+
+
+class HandRun:
+    """One micro-batch run published partition by partition without Spark: the tests that drive replays by hand.
+
+    ``spec()`` plans the batch as both streaming drivers do: what the ledger holds of the run, and where its
+    committed records are when it has some (a replay)."""
+
+    def __init__(self, bootstrap: str, job: str, outbox: str, run_id: str) -> None:
+        from eosink.spark_jobs.kafka_checks import admin_client, cluster_metadata, ensure_ledger_topic
+        from eosink.spark_jobs.naming import LEDGER_TOPIC
+        from eosink.spark_jobs.publisher import producer_config
+
+        self.conf = producer_config(bootstrap)
+        admin = admin_client(self.conf)
+        ensure_ledger_topic(admin, cluster_metadata(admin, bootstrap), LEDGER_TOPIC)
+        self.job, self.outbox, self.run_id = job, outbox, run_id
+
+    @staticmethod
+    def rows(lo: int, hi: int) -> Any:
+        """Rows ``k-{lo}`` .. as an Arrow batch of a key column and a binary value column (the key's bytes)."""
+        import pyarrow as pa
+
+        ks = [f"k-{i:06d}" for i in range(lo, hi)]
+        return pa.record_batch([pa.array(ks), pa.array([k.encode() for k in ks], pa.binary())], names=["k", "v"])
+
+    def spec(self) -> Any:
+        from eosink.spark_jobs.ledger_index import run_states
+        from eosink.spark_jobs.naming import LEDGER_TOPIC
+        from eosink.spark_jobs.outbox import CompiledOutbox
+        from eosink.spark_jobs.replay_check import plan_scan
+        from eosink.spark_jobs.task import TaskSpec
+
+        states, end = run_states(self.conf, LEDGER_TOPIC, self.job, [self.run_id], 30)
+        run = states[self.run_id]
+        replay = plan_scan(self.conf, [self.outbox], run.contents.values(), bool(run.pending), 30) \
+            if run.contents or run.pending else None
+        return TaskSpec(job=self.job, run_id=self.run_id, producer_config=self.conf,
+                        outboxes=(CompiledOutbox(self.outbox, 0, 1, None, ()),), ledger_topic=LEDGER_TOPIC,
+                        ledger_since=end, known_published=frozenset(), transaction_timeout_ms=30_000, ledger_timeout_s=30,
+                        stream=True, published_content=run.contents, pending={-1: run.pending}, replay=replay)

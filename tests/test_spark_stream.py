@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from tests.spark_fixtures import assert_exactly_once, read_topic, spark  # noqa: F401
+from tests.spark_fixtures import HandRun, assert_exactly_once, read_topic, spark  # noqa: F401
 from tests.stream_driver import source_frame, start
 
 pytestmark = pytest.mark.spark
@@ -142,12 +142,27 @@ def test_a_batch_replayed_after_its_commit_log_entry_was_lost_publishes_nothing(
 
 
 def _driver(engine: str, stack, source: str, outbox: str, job: str, ck: Path, fault: str | None = None,  # noqa: ANN001
-            ) -> subprocess.Popen:
+            *more: str) -> subprocess.Popen:
+    """``tests/stream_driver.py`` in a process group of its own; ``more``: its further options."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
     cmd = [sys.executable, str(REPO / "tests" / "stream_driver.py"), engine, stack.kafka_bootstrap, source, outbox, job,
-           str(ck)] + (["--fault", fault] if fault else [])
+           str(ck)] + (["--fault", fault] if fault else []) + list(more)
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+
+
+def _kill_when(driver: subprocess.Popen, signal_file: Path) -> None:
+    """SIGKILL the driver's process group a second after ``signal_file`` appears (a task committed)."""
+    try:
+        deadline = time.monotonic() + 180
+        while not signal_file.exists():
+            assert driver.poll() is None, driver.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, f"{signal_file.name} never appeared"
+            time.sleep(0.2)
+        time.sleep(1.0)  # the other partitions are now inside their transactions
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(30)
 
 
 @pytest.mark.parametrize("engine", ["ds", "fn"])
@@ -161,17 +176,7 @@ def test_driver_killed_after_some_tasks_committed_then_restarted_publishes_each_
     # Batch 1: partition 0 commits and says so; partitions 1 and 2 stall in the middle of their transactions.
     fault = InBatches(Hooks((TouchAt("after_commit", str(committed), partitions=frozenset({0})),
                              SleepAt("after_first_batch", 300, partitions=frozenset({1, 2})))), frozenset({1}))
-    driver = _driver(engine, stack, source, outbox, unique, ck, to_option(fault))
-    try:
-        deadline = time.monotonic() + 180
-        while not committed.exists():
-            assert driver.poll() is None, driver.communicate()[0][-3000:]
-            assert time.monotonic() < deadline, "batch 1's partition 0 never committed"
-            time.sleep(0.2)
-        time.sleep(1.0)  # partitions 1 and 2 are now inside their transactions
-    finally:
-        os.killpg(driver.pid, signal.SIGKILL)
-        driver.wait(30)
+    _kill_when(_driver(engine, stack, source, outbox, unique, ck, to_option(fault)), committed)
     assert not (ck / "commits" / "1").exists(), "Spark had not recorded batch 1: it must be replayed"
 
     restarted_at_ms = int(time.time() * 1000)
@@ -264,32 +269,11 @@ def test_a_replay_with_another_partition_count_is_refused_before_it_publishes(sp
 def test_a_replay_that_moves_contents_between_indices_publishes_each_content_once(stack, make_topic, unique):
     """What the Kafka source does to a replayed batch: the rows of index 0 come back at index 1, and
     index 0 gets rows that were never published. Each content is published once, record ids stay unique."""
-    import pyarrow as pa
+    from eosink.spark_jobs.naming import stream_run_id
+    from eosink.spark_jobs.task import PUBLISHED, SKIPPED, publish_partition
 
-    from eosink.spark_jobs.kafka_checks import admin_client, cluster_metadata, ensure_ledger_topic
-    from eosink.spark_jobs.ledger_index import run_states
-    from eosink.spark_jobs.naming import LEDGER_TOPIC, stream_run_id
-    from eosink.spark_jobs.outbox import CompiledOutbox
-    from eosink.spark_jobs.publisher import producer_config
-    from eosink.spark_jobs.task import PUBLISHED, SKIPPED, TaskSpec, publish_partition
-
-    outbox = make_topic(1)
-    conf = producer_config(stack.kafka_bootstrap)
-    admin = admin_client(conf)
-    ensure_ledger_topic(admin, cluster_metadata(admin, stack.kafka_bootstrap), LEDGER_TOPIC)
-    run_id = stream_run_id("q", 7)
-
-    def rows(lo: int, hi: int) -> pa.RecordBatch:
-        ks = keys(lo, hi)
-        return pa.record_batch([pa.array(ks), pa.array([k.encode() for k in ks], pa.binary())], names=["k", "v"])
-
-    def spec() -> TaskSpec:  # as a driver plans the batch: what the ledger holds of it
-        states, end = run_states(conf, LEDGER_TOPIC, unique, [run_id], 30)
-        run = states[run_id]
-        return TaskSpec(job=unique, run_id=run_id, producer_config=conf, outboxes=(CompiledOutbox(outbox, 0, 1, None, ()),),
-                        ledger_topic=LEDGER_TOPIC, ledger_since=end, known_published=frozenset(),
-                        transaction_timeout_ms=30_000, ledger_timeout_s=30, stream=True, published_content=run.contents,
-                        pending={-1: run.pending})
+    hand = HandRun(stack.kafka_bootstrap, unique, make_topic(1), stream_run_id("q", 7))
+    rows, spec, outbox = hand.rows, hand.spec, hand.outbox
 
     first = publish_partition(spec(), 0, 0, iter([rows(0, 50)]))  # the first attempt: only index 0 committed
     assert first.status == PUBLISHED
