@@ -49,6 +49,7 @@ def test_a_micro_batch_repartitioned_by_key_runs_one_spark_job_not_two(spark, st
     jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(str(q.runId))  # a query's jobs are in its run's group
     assert len(jobs) == len(results), f"{len(jobs)} Spark jobs for {len(results)} micro-batches"
     assert_exactly_once(read_topic(stack.kafka_bootstrap, outbox), keys(0, 300))
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "true", "the query's own session is changed, not the caller's"
 
 
 def test_the_ledger_read_from_offset_0_is_done_before_the_first_micro_batch(stack, unique):
