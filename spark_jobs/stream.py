@@ -94,10 +94,10 @@ def publish_outbox_stream(
     micro-batch by the key, which makes its split a function of its rows (see the README's safe
     plans). The transaction timeout defaults to 30 s. ``transform`` turns each micro-batch (a batch
     DataFrame) into the rows to publish, for what a streaming plan cannot express (it must be
-    deterministic: a replay must give the same rows). Each micro-batch is planned without adaptive query
-    execution, whose partition coalescing could group a replay's rows differently. ``on_batch`` is called on the driver
-    with each micro-batch's :class:`~eosink.spark_jobs.runs.PublishResult`. Bad input raises before
-    the query starts.
+    deterministic: a replay must give the same rows). Each micro-batch is planned without adaptive
+    query execution, whose partition coalescing could group a replay's rows differently. ``on_batch``
+    is called on the driver with each micro-batch's :class:`~eosink.spark_jobs.runs.PublishResult`.
+    Bad input raises before the query starts.
     """
     if not df.isStreaming:
         raise ConfigError("publish_outbox_stream takes a streaming DataFrame and this one is a batch one: publish it "
