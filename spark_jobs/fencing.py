@@ -10,6 +10,12 @@ driver, knowing how many partitions the batch had, can run ``init_transactions``
 the coordinator aborts whatever is open under that id and fences the attempt that opened it.
 What this cannot reach (a partition index the driver never learns of) ends at the short streaming
 transaction timeout.
+
+Each id is fenced by a producer of its own, connected to every broker when it starts
+(``enable.sparse.connections=false``): with librdkafka's sparse connections its first request for the
+transaction coordinator found no broker up and was retried only 500 ms later (measured: fencing 4 ids
+took 0.51 s, with every broker connected at start 0.02 s), and the driver pays this before the first
+micro-batch of every query start.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ from eosink.spark_jobs.kafka_checks import client_config
 
 log = logging.getLogger("eosink.spark")
 
+#: The fencing producers' own settings (see the module doc).
+FENCING_CONFIG: dict[str, Any] = {"enable.sparse.connections": False}
+
 
 def fence(kafka: Mapping[str, Any], transactional_ids: Iterable[str], transaction_timeout_ms: int,
           timeout_s: float = 30.0) -> list[str]:
@@ -32,7 +41,8 @@ def fence(kafka: Mapping[str, Any], transactional_ids: Iterable[str], transactio
     fenced (logged: their transactions end at their timeout)."""
 
     def one(tid: str) -> str | None:
-        conf = {**client_config(kafka), "transactional.id": tid, "transaction.timeout.ms": transaction_timeout_ms}
+        conf = {**client_config(kafka), **FENCING_CONFIG, "transactional.id": tid,
+                "transaction.timeout.ms": transaction_timeout_ms}
         try:
             producer = Producer(conf)
             producer.init_transactions(timeout_s)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -94,10 +95,10 @@ def publish_outbox_stream(
     micro-batch by the key, which makes its split a function of its rows (see the README's safe
     plans). The transaction timeout defaults to 30 s. ``transform`` turns each micro-batch (a batch
     DataFrame) into the rows to publish, for what a streaming plan cannot express (it must be
-    deterministic: a replay must give the same rows); it runs without adaptive query execution, whose
-    partition coalescing could group a replay's rows differently. ``on_batch`` is called on the driver
-    with each micro-batch's :class:`~eosink.spark_jobs.runs.PublishResult`. Bad input raises before
-    the query starts.
+    deterministic: a replay must give the same rows). Each micro-batch is planned without adaptive
+    query execution, whose partition coalescing could group a replay's rows differently. ``on_batch``
+    is called on the driver with each micro-batch's :class:`~eosink.spark_jobs.runs.PublishResult`.
+    Bad input raises before the query starts.
     """
     if not df.isStreaming:
         raise ConfigError("publish_outbox_stream takes a streaming DataFrame and this one is a batch one: publish it "
@@ -123,6 +124,7 @@ def publish_outbox_stream(
         known_published=frozenset(), transaction_timeout_ms=transaction_timeout_ms, ledger_timeout_s=ledger_timeout_s,
         native_produce=native_enabled(), extra_headers=encode_headers(headers), stream=True,
     )
+    prefetch_ledger(template)
     publisher = MicroBatchPublisher(template, plan, fault_hook, on_batch)
     writer = df.writeStream.foreachBatch(publisher).outputMode(output_mode).option("checkpointLocation", checkpoint)
     if trigger:
@@ -146,6 +148,29 @@ class BatchPlan:
         return project(repartition_by_key(frame, self.partitions, self.key, self.outboxes), self.outboxes, self.key)
 
 
+def partition_count(df: DataFrame) -> int:
+    """The number of partitions ``df``'s plan has: planned, not run (``df.rdd`` would record an SQL execution of its
+    own and convert the rows for Python; with adaptive execution, both would run the plan's shuffles)."""
+    return int(df._jdf.queryExecution().toRdd().getNumPartitions())
+
+
+def prefetch_ledger(spec: TaskSpec) -> threading.Thread:
+    """Read the job's ledger records in the background while Spark starts the query, so that the first micro-batch
+    reads only its tail (:mod:`eosink.spark_jobs.ledger_index`: a process reads a job's records from offset 0 once).
+    It only fills the process's cache: each batch still reads up to the log end after its fence. A failure is left
+    to the first batch's own read, which raises it."""
+
+    def read() -> None:
+        try:
+            run_states(spec.producer_config, spec.ledger_topic, spec.job, [], spec.ledger_timeout_s)
+        except Exception as e:  # noqa: BLE001 - the first micro-batch reads again and raises
+            log.debug("reading the ledger of job '%s' ahead of the first micro-batch failed: %s", spec.job, e)
+
+    thread = threading.Thread(target=read, name=f"eosink-ledger-{spec.job}", daemon=True)
+    thread.start()
+    return thread
+
+
 class MicroBatchPublisher:
     """The ``foreachBatch`` function: one micro-batch, one run (called on the driver, batch after batch)."""
 
@@ -166,10 +191,13 @@ class MicroBatchPublisher:
         if not query_id:
             raise ConfigError("MicroBatchPublisher runs as a streaming query's foreachBatch function", key="foreachBatch")
         run_id = stream_run_id(query_id, batch_id)
-        if self.plan.transform is not None:
-            batch.sparkSession.conf.set("spark.sql.adaptive.enabled", "false")
+        # The partition count is read from the plan before any task runs. Adaptive execution (on in the session
+        # Spark gives a micro-batch) could only tell it by running the batch's shuffles first, and would run them
+        # again in the publish job; without it the count is the plan's, read without a Spark job. (The session is
+        # the query's own: the setting does not reach the caller's.)
+        batch.sparkSession.conf.set("spark.sql.adaptive.enabled", "false")
         batch = self.plan.project(batch)[0]
-        n = batch.rdd.getNumPartitions()
+        n = partition_count(batch)
         run, end = self._run(run_id, n)
         if run.marker is not None:  # committed in full; Spark's commit log missed it (a driver died in between)
             self._done(already_published(spec.job, run_id, RunState({}, {}, run.marker, end), started))
