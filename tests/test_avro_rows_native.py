@@ -177,3 +177,49 @@ def test_a_long_of_ten_bytes_is_read_to_64_bits_and_refused_beyond(body: bytes, 
     c, py = both(parse_schema({"type": "record", "name": "R", "fields": [{"name": "a", "type": avro_type}]}),
                  NativeRowTarget((("a", typname),)))
     assert outcome(c, HEADER + body) == outcome(py, HEADER + body)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "a-cut", "b-cut", "other-id", "short", "no-magic", "not-bytes"]), max_size=12))
+def test_the_c_rows_decoder_picks_and_hands_on_the_writers_schema_as_the_python_closure_does(picks: list[str]) -> None:
+    """AvroRows' per-record decoder in C (``Rows``) against its Python closure: the same rows or refusals, the same
+    ``registry.schema`` after each value, each writer's schema built once."""
+    from types import SimpleNamespace
+
+    from eosink.worker.engine.avro_rows import AvroRows
+
+    a = parse_schema({"type": "record", "name": "A", "fields": [{"name": "x", "type": "long"}, {"name": "y", "type": "string"}]})
+    b = parse_schema({"type": "record", "name": "B", "fields": [{"name": "x", "type": "long"}, {"name": "y", "type": "int"}]})
+    target = NativeRowTarget((("x", "int8"), ("y", "text")))  # B's y (an int) has no native column here: B is refused
+    ids = {7: a, 8: b}
+    values = {"a": b"\x00\x00\x00\x00\x07\x02\x04hi", "b": b"\x00\x00\x00\x00\x08\x02\x04", "other-id": b"\x00\x00\x00\x00\x09\x02",
+              "short": b"\x00\x00", "no-magic": b"\x01\x00\x00\x00\x07\x02\x04hi", "not-bytes": None}
+    values["a-cut"], values["b-cut"] = values["a"][:-1], values["b"][:-1]
+
+    def run() -> tuple[list[Any], list[int]]:
+        built: list[int] = []
+
+        def avro_schema(schema_id: int) -> tuple[Any, str]:
+            built.append(schema_id)
+            if schema_id not in ids:
+                raise ValueError(f"no schema {schema_id}")
+            return ids[schema_id], f"writer {schema_id}"
+
+        registry = SimpleNamespace(schema=None, avro_schema=avro_schema)
+        decode = AvroRows(registry, lambda: target)()
+        assert decode is not None
+        seen = []
+        for pick in picks:
+            try:
+                seen.append(("row", decode(values[pick]), registry.schema))
+            except (ValueError, TypeError) as exc:
+                seen.append((type(exc).__name__, None, registry.schema))
+        return seen, built
+
+    in_c = run()
+    native.enabled = False
+    try:
+        in_python = run()
+    finally:
+        native.enabled = True
+    assert in_c == in_python

@@ -211,6 +211,10 @@ class AvroRows:
         if target is not self._target:
             self._target, self._by_header = target, {}
         by_header, registry, build = self._by_header, self.registry, self._build
+        in_c = native.rows(by_header, registry, lambda raw: build(raw, target))  # the closure below, in C
+        if in_c is not None:
+            c_decode: RowDecode = in_c
+            return c_decode
 
         def decode(raw: bytes) -> Row:
             entry = by_header.get(raw[:5])

@@ -279,15 +279,115 @@ static PyTypeObject ProgramType = {
     .tp_methods = Program_methods,
 };
 
+/* Rows(by_header, registry, build): the per-record decoder of AvroRows, the writer's schema picked by the value's
+ * 5-byte header (the last one remembered) from by_header, a dict of header -> (decode, writer) that build(raw)
+ * fills (or raises); registry.schema is set to the writer before decoding, as the Python closure does. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *by_header, *registry, *build;
+    unsigned char last[5];
+    PyObject *last_decode, *last_writer;  /* NULL until a value of 5 bytes or more was looked up */
+} Rows;
+
+static PyObject *schema_name;
+
+static PyObject *Rows_call(PyObject *self, PyObject *args, PyObject *kw) {
+    Rows *r = (Rows *)self;
+    PyObject *raw;
+    if (kw != NULL && PyDict_GET_SIZE(kw)) { PyErr_SetString(PyExc_TypeError, "no keyword arguments"); return NULL; }
+    if (!PyArg_UnpackTuple(args, "decode", 1, 1, &raw)) return NULL;
+    if (!PyBytes_Check(raw)) { PyErr_SetString(PyExc_TypeError, "bytes expected"); return NULL; }
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(raw);
+    Py_ssize_t len = PyBytes_GET_SIZE(raw);
+    PyObject *decode, *writer;
+    if (r->last_decode != NULL && len >= 5 && memcmp(b, r->last, 5) == 0) {
+        decode = Py_NewRef(r->last_decode);
+        writer = Py_NewRef(r->last_writer);
+    } else {
+        PyObject *key = PyBytes_FromStringAndSize((const char *)b, len < 5 ? len : 5);
+        if (key == NULL) return NULL;
+        PyObject *entry = PyDict_GetItemWithError(r->by_header, key);  /* borrowed */
+        Py_DECREF(key);
+        if (entry != NULL) Py_INCREF(entry);
+        else if (PyErr_Occurred() || (entry = PyObject_CallOneArg(r->build, raw)) == NULL) return NULL;
+        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2) {
+            Py_DECREF(entry);
+            PyErr_SetString(PyExc_TypeError, "an entry is (decode, writer)");
+            return NULL;
+        }
+        decode = Py_NewRef(PyTuple_GET_ITEM(entry, 0));
+        writer = Py_NewRef(PyTuple_GET_ITEM(entry, 1));
+        Py_DECREF(entry);
+        if (len >= 5) {
+            memcpy(r->last, b, 5);
+            Py_XSETREF(r->last_decode, Py_NewRef(decode));
+            Py_XSETREF(r->last_writer, Py_NewRef(writer));
+        }
+    }
+    PyObject *row = NULL;
+    if (PyObject_SetAttr(r->registry, schema_name, writer) == 0)
+        row = Py_IS_TYPE(decode, &ProgramType) ? decode_row((Program *)decode, b, len) : PyObject_CallOneArg(decode, raw);
+    Py_DECREF(decode);
+    Py_DECREF(writer);
+    return row;
+}
+
+static PyObject *Rows_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    PyObject *by_header, *registry, *build;
+    (void)kw;
+    if (!PyArg_ParseTuple(args, "O!OO", &PyDict_Type, &by_header, &registry, &build)) return NULL;
+    Rows *r = (Rows *)type->tp_alloc(type, 0);
+    if (r == NULL) return NULL;
+    r->by_header = Py_NewRef(by_header);
+    r->registry = Py_NewRef(registry);
+    r->build = Py_NewRef(build);
+    return (PyObject *)r;
+}
+
+static int Rows_traverse(PyObject *self, visitproc visit, void *arg) {
+    Rows *r = (Rows *)self;
+    Py_VISIT(r->by_header); Py_VISIT(r->registry); Py_VISIT(r->build); Py_VISIT(r->last_decode); Py_VISIT(r->last_writer);
+    return 0;
+}
+
+static int Rows_clear(PyObject *self) {
+    Rows *r = (Rows *)self;
+    Py_CLEAR(r->by_header); Py_CLEAR(r->registry); Py_CLEAR(r->build); Py_CLEAR(r->last_decode); Py_CLEAR(r->last_writer);
+    return 0;
+}
+
+static void Rows_dealloc(PyObject *self) {
+    PyObject_GC_UnTrack(self);
+    Rows_clear(self);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyTypeObject RowsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "eosink.worker.native._avro_rows.Rows",
+    .tp_basicsize = sizeof(Rows),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Rows(by_header, registry, build)(raw) -> row: the decoder of each value's writer's schema.",
+    .tp_new = Rows_new,
+    .tp_dealloc = Rows_dealloc,
+    .tp_traverse = Rows_traverse,
+    .tp_clear = Rows_clear,
+    .tp_call = Rows_call,
+};
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_avro_rows", NULL, -1, NULL};
 
 PyMODINIT_FUNC PyInit__avro_rows(void) {
     PyDateTime_IMPORT;
     if (PyDateTimeAPI == NULL) return NULL;
     scaleb_name = PyUnicode_InternFromString("scaleb");
-    if (scaleb_name == NULL || PyType_Ready(&ProgramType) < 0) return NULL;
+    schema_name = PyUnicode_InternFromString("schema");
+    if (scaleb_name == NULL || schema_name == NULL || PyType_Ready(&ProgramType) < 0 || PyType_Ready(&RowsType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    if (PyModule_AddObjectRef(m, "Program", (PyObject *)&ProgramType) < 0) { Py_DECREF(m); return NULL; }
+    if (PyModule_AddObjectRef(m, "Program", (PyObject *)&ProgramType) < 0 || PyModule_AddObjectRef(m, "Rows", (PyObject *)&RowsType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }
