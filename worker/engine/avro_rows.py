@@ -7,7 +7,9 @@ as JSON into the PostgreSQL sink's rows. Here the decoder of one writer's schema
 for one row target, as straight-line Python over the value's bytes: each field read in place and
 made the value the sink's binary COPY takes as it is (an int, a str, a :class:`~decimal.Decimal`, an
 aware datetime, bytes; a string stays its UTF-8 bytes, which binary COPY sends as they are), the row
-a plain tuple.
+a plain tuple. Where the C extension :mod:`eosink.worker.native` is built, the same decoder runs
+compiled (a "program" of the fields' kinds, ~4x faster than the generated Python, which stays its
+reference and the fallback), and so does the per-record look-up of the writer's schema.
 
 It gives exactly the values fastavro gives (the decimal built in the same context, the timestamp
 from the same epoch; a string's bytes), or refuses: a writer's schema with another field, order or type than the
