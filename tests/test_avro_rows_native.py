@@ -9,6 +9,8 @@ run over a list, stopping at the first value it refuses or of another header.
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import io
 import struct
 from typing import Any
@@ -83,8 +85,10 @@ def outcome(decode: Any, raw: bytes) -> tuple[str, Any]:
 
 
 def typed(row: tuple[Any, ...]) -> list[tuple[type, Any]]:
-    """Each value with its type; a float as its bits (a NaN is not equal to itself, its bits are)."""
-    return [(type(x), struct.pack("<d", x) if type(x) is float else x) for x in row]
+    """Each value with its type; a float as its bits (a NaN is not equal to itself, its bits are), a decimal and
+    an instant as their repr (equal decimals may differ in exponent, equal instants in time zone)."""
+    return [(type(x), struct.pack("<d", x) if type(x) is float else repr(x) if type(x) in (decimal.Decimal, datetime.datetime)
+             else x) for x in row]
 
 
 @settings(max_examples=400, deadline=None)
