@@ -94,9 +94,8 @@ class RecordSource(Protocol):
 #: :meth:`KafkaSource.caught_up`); the end-of-partition events never reach the sinks.
 PINNED = {"isolation.level": "read_committed", "enable.auto.commit": False, "enable.auto.offset.store": False,
           "enable.partition.eof": True}
-#: ``on_chunk`` receives the records decoded so far once at least this many are waiting; the first chunk
-#: of a batch whose sink offers rows but has none yet (its first stream opens with that chunk), at this
-#: many: the records after it are decoded into rows, not dicts (Avro's dicts cost ~4 us a record more).
+#: ``on_chunk`` receives the records decoded so far once this many wait; the first chunk of a batch whose sink offers
+#: rows but has none yet, at the second: its stream opens with it, and the records after it become rows, not dicts.
 CHUNK_RECORDS, FIRST_CHUNK_RECORDS = 20_000, 1_000
 
 class KafkaSource(SourceProgress):
