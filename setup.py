@@ -3,9 +3,9 @@
 ``worker/``, ``connectors/`` and ``spark_jobs/`` stay where the product's layout puts them, but
 install (wheel and editable alike) as ``eosink.worker``, ``eosink.connectors`` and
 ``eosink.spark_jobs``: ``worker`` and ``connectors`` are other projects' names on PyPI.
-Everything else is declared in ``pyproject.toml``, but for the one C extension: the Spark
-publisher's produce loop (``spark_jobs/native``), optional - without a C compiler the package
-installs without it and the publisher produces from Python.
+Everything else is declared in ``pyproject.toml``, but for the C extensions, both optional - without
+a C compiler the package installs without them and the same work is done in Python: the Spark
+publisher's produce loop (``spark_jobs/native``) and the worker's Avro row decoder (``worker/native``).
 """
 
 import os
@@ -13,7 +13,8 @@ import os
 from setuptools import Extension, find_namespace_packages, setup
 
 ROOTS = ("worker", "connectors", "spark_jobs")
-NATIVE = "spark_jobs/native/produce.c"
+NATIVE = {"eosink.spark_jobs.native._produce": "spark_jobs/native/produce.c",
+          "eosink.worker.native._avro_rows": "worker/native/_avro_rows.c"}
 
 setup(
     # Namespace discovery, so the data-only folders (the jvm/ poms) are declared packages too: with plain
@@ -21,6 +22,6 @@ setup(
     packages=["eosink." + p for p in find_namespace_packages(include=[f"{r}*" for r in ROOTS], exclude=["*__pycache__"])],
     package_dir={f"eosink.{r}": r for r in ROOTS},
     # (Absent while a container build installs the dependencies from the metadata alone.)
-    ext_modules=[Extension("eosink.spark_jobs.native._produce", [NATIVE], optional=True, extra_compile_args=["-O2"])]
-    if os.path.exists(NATIVE) else [],
+    ext_modules=[Extension(name, [src], optional=True, extra_compile_args=["-O2"])
+                 for name, src in NATIVE.items() if os.path.exists(src)],
 )

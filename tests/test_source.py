@@ -8,11 +8,13 @@ import gc
 import json
 import math
 import time
+from typing import Any
 
 import pytest
 
 from eosink.connectors.api.errors import RecordError
 from eosink.connectors.api.records import LazyJsonRecord, SinkRecord, TopicPartition
+from eosink.connectors.api.rows import RowRecord, row_of
 from eosink.worker.engine import gcpause, source
 from eosink.worker.engine.source import KafkaSource
 from tests.restkit import produce
@@ -286,6 +288,29 @@ def test_on_chunk_receives_every_record_once_in_order(stack, make_topic, unique,
     assert [r.value["id"] for r in batch.records] == list(range(40))
     assert [i for c in chunks for i in c] == list(range(40))
     assert len(chunks) > 1
+
+
+def test_a_sink_without_rows_yet_gets_a_small_first_chunk_and_rows_right_after_it(stack, make_topic, unique, monkeypatch):
+    """The sink's rows come with its first stream, which opens with the first chunk: that chunk is small, so
+    that the records after it are decoded into rows (the slice after the chunk asks again)."""
+    monkeypatch.setattr(source, "FIRST_CHUNK_RECORDS", 3)
+    topic = make_topic()
+    produce(stack.kafka_bootstrap, topic, [(0, json.dumps({"id": i}).encode()) for i in range(40)])
+    src = KafkaSource(unique, stack.kafka_bootstrap, value_converter="json", fetch_batch=5)
+    chunks: list[list[Any]] = []
+
+    def row(raw: bytes) -> tuple[int]:
+        return (json.loads(raw)["id"],)
+
+    try:
+        src.assign({TopicPartition(topic, 0): 0})
+        batch = src.poll_batch(10_000, 10_000_000, 20.0, min_s=0.0, on_chunk=lambda recs: chunks.append(list(recs)),
+                               rows=lambda: row if chunks else None)  # rows once the first chunk is written
+    finally:
+        src.close()
+    assert [len(c) for c in chunks][:1] == [3]
+    assert [i for c in chunks for i in (row_of(r)[0] if type(r) is RowRecord else r.value["id"] for r in c)] == list(range(40))
+    assert [type(r) for r in batch.records] == [SinkRecord] * 3 + [RowRecord] * 37
 
 
 def test_the_next_poll_frees_the_last_batch_but_never_edits_the_list_a_caller_holds(stack, make_topic, unique):

@@ -149,6 +149,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from eosink.worker.logging import configure, get_logger, install_process_hooks, register_environment_secrets, register_secret
 
     configure(args.log_level)
+    from eosink.worker.engine import registry_converters
+
+    threading.Thread(target=registry_converters.warm, name="warm-registry-client", daemon=True).start()
     from eosink.connectors.postgres import pool
 
     pool.configure(args.postgres_pool_size)  # before any connector is assigned: every pool of this process takes it

@@ -94,8 +94,9 @@ class RecordSource(Protocol):
 #: :meth:`KafkaSource.caught_up`); the end-of-partition events never reach the sinks.
 PINNED = {"isolation.level": "read_committed", "enable.auto.commit": False, "enable.auto.offset.store": False,
           "enable.partition.eof": True}
-#: ``on_chunk`` receives the records decoded so far once at least this many are waiting.
-CHUNK_RECORDS = 20_000
+#: ``on_chunk`` receives the records decoded so far once this many wait; the first chunk of a batch whose sink offers
+#: rows but has none yet, at the second: its stream opens with it, and the records after it become rows, not dicts.
+CHUNK_RECORDS, FIRST_CHUNK_RECORDS = 20_000, 1_000
 
 class KafkaSource(SourceProgress):
     """A confluent-kafka consumer with a manual assignment (ZooKeeper assigns, not the group).
@@ -311,7 +312,7 @@ class KafkaSource(SourceProgress):
             if self._avro_rows is None or self._avro_rows.target_of != native:
                 self._avro_rows = AvroRows(decode, native)
             rows, row_class = self._avro_rows, self._avro_rows.record_class
-        row = None
+        row = rows() if rows is not None else None
         started = time.monotonic()
         deadline = started + timeout_s
         early = started + min_s if min_s is not None and min_s < timeout_s else None
@@ -320,7 +321,8 @@ class KafkaSource(SourceProgress):
         handed = 0  # records already given to on_chunk
         polled = False
         while len(out) < max_records and nbytes < max_bytes and len(batch.failed) < MAX_FAILED_PER_BATCH:
-            if on_chunk is not None and len(out) - handed >= CHUNK_RECORDS:
+            first = handed == 0 and rows is not None and row is None  # (the sink has no rows yet)
+            if on_chunk is not None and len(out) - handed >= (FIRST_CHUNK_RECORDS if first else CHUNK_RECORDS):
                 on_chunk(out[handed:])
                 handed = len(out)
             if self._pending:
@@ -336,7 +338,8 @@ class KafkaSource(SourceProgress):
                     # (At least one fetch first: "caught up" dates from the last poll, records may have come since.)
                     remaining = min(remaining, max(early - now, 0.01))
                 # Short slices, so a stop or a new assignment ends the flush within ~0.1 s.
-                msgs = self.consumer.consume(num_messages=min(self.fetch_batch, max_records - len(out)),
+                want = FIRST_CHUNK_RECORDS if first and on_chunk is not None else self.fetch_batch
+                msgs = self.consumer.consume(num_messages=min(want, max_records - len(out)),
                                              timeout=min(remaining, 0.1))
                 polled = True
                 if msgs and self.first_record_at is None:
