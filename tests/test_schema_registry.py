@@ -426,3 +426,47 @@ def test_protobuf_import_unreachable_is_retryable_not_a_bad_record(registry: Reg
             decode(value)
         blocked.clear()
         assert decode(value) == {"id": 7, "amount": {"units": 1234, "currency": "EUR"}}
+
+
+def test_protobuf_timestamps_read_as_iso_text_and_type_timestamptz_columns(registry: RegistryServer, make_topic) -> None:
+    """``google.protobuf.Timestamp`` set, unset and repeated: ISO 8601 text to the microsecond (as Connect's
+    ProtobufConverter makes it a Timestamp, not a struct), and a ``timestamptz`` column in PostgreSQL and Iceberg;
+    a table made while it was a message (jsonb, string) still takes it."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from google.protobuf import descriptor_pb2, descriptor_pool, timestamp_pb2
+    from google.protobuf.message_factory import GetMessageClass
+    from pyiceberg.types import StringType, TimestamptzType
+
+    from eosink.connectors.iceberg import schema_types as ist
+    from eosink.connectors.postgres import schema_types as pst
+    from eosink.worker.engine.registry_converters import RegistryDecoder
+
+    f = descriptor_pb2.FieldDescriptorProto
+    fdp = descriptor_pb2.FileDescriptorProto(name="shop/event.proto", package="shop", syntax="proto3",
+                                             dependency=["google/protobuf/timestamp.proto"])
+    msg = fdp.message_type.add(name="Event")
+    msg.field.add(name="id", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
+    for n, name in ((2, "at"), (3, "due")):
+        msg.field.add(name=name, number=n, type=f.TYPE_MESSAGE, label=f.LABEL_OPTIONAL, type_name=".google.protobuf.Timestamp")
+    msg.field.add(name="seen", number=4, type=f.TYPE_MESSAGE, label=f.LABEL_REPEATED, type_name=".google.protobuf.Timestamp")
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
+    pool.Add(fdp)
+    event = GetMessageClass(pool.FindMessageTypeByName("shop.Event"))
+    client = SchemaRegistryClient({"url": registry.url, "timeout": 30})
+    value = ProtobufSerializer(event, client, {"use.deprecated.format": False})(
+        event(id=1, at={"seconds": 1_767_323_045, "nanos": 678_901_234}, seen=[{"seconds": 0}, {"seconds": -1, "nanos": 5000}]),
+        SerializationContext(make_topic(1), MessageField.VALUE))
+    decode = RegistryDecoder("protobuf", registry.url)
+    assert decode(value) == {"id": 1, "at": "2026-01-02T03:04:05.678901+00:00", "due": None,
+                             "seen": ["1970-01-01T00:00:00+00:00", "1969-12-31T23:59:59.000005+00:00"]}
+    assert decode.schema is not None
+    columns = pst.columns_of(decode.schema)
+    assert columns is not None and (columns["at"].sqltype, columns["at"].nullable) == ("timestamptz", True)
+    assert columns["seen"].sqltype == "jsonb"
+    fields = ist.fields_of(decode.schema)
+    assert fields is not None and fields["at"].type == TimestamptzType() and fields["due"].nullable
+    assert ist.takes(StringType(), fields["at"].type), "a string column of a table made while it was a message"
+    assert "jsonb" in pst.ACCEPTS["timestamptz"]

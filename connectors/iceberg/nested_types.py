@@ -202,6 +202,8 @@ def _proto_single(fd: Any, nest: Nest, at: Path) -> tuple[IcebergType | None, st
     if msg is None:
         return PROTO_TYPES.get(fd.type, (StringType(), f"type {fd.type}"))
     source = f"message {msg.full_name}"
+    if msg.full_name == "google.protobuf.Timestamp":  # the converter reads it as ISO 8601 text
+        return TimestamptzType(), source
     if _cyclic_message(msg, nest):
         return None, source
     if not msg.fields:

@@ -257,8 +257,9 @@ def _nested(path: Path, column: IcebergType, field: IcebergType, defaults: froze
 
 def takes(column: IcebergType, field: IcebergType) -> bool:
     """Whether a column of type ``column`` holds every value of ``field`` exactly (field ids aside); a string
-    column holds a struct, list or map as its JSON text (a table created while they were typed so)."""
-    if isinstance(column, StringType) and isinstance(field, (StructType, ListType, MapType)):
+    column holds a struct, list or map as its JSON text, and a timestamp as its ISO 8601 text (a table created
+    while they were typed so: a Protobuf ``google.protobuf.Timestamp`` was a message)."""
+    if isinstance(column, StringType) and isinstance(field, (StructType, ListType, MapType, TimestamptzType)):
         return True
     if isinstance(column, DecimalType) and isinstance(field, DecimalType):
         return column.scale == field.scale and column.precision >= field.precision

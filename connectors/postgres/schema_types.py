@@ -50,7 +50,8 @@ ACCEPTS: dict[str, frozenset[str]] = {
     "float4": frozenset({"float4", "float8", "numeric"}), "float8": frozenset({"float8", "numeric"}),
     "bool": frozenset({"bool"}), "text": frozenset({"text", "varchar", "bpchar"}),
     "bytea": frozenset({"bytea", "text"}), "numeric": frozenset({"numeric", "text"}),
-    "timestamptz": frozenset({"timestamptz", "text"}), "timestamp": frozenset({"timestamp", "text"}),
+    # (jsonb: a Protobuf Timestamp's column in a table made when its values were {seconds, nanos} objects)
+    "timestamptz": frozenset({"timestamptz", "text", "jsonb", "json"}), "timestamp": frozenset({"timestamp", "text"}),
     "date": frozenset({"date", "text"}), "time": frozenset({"time", "text"}), "uuid": frozenset({"uuid", "text"}),
     "jsonb": frozenset({"jsonb", "json"}),
 }
@@ -108,6 +109,8 @@ _PROTO_TYPES: dict[int, tuple[str, str, str]] = {
 def _proto_field(f: SchemaField) -> FieldColumn:
     if f.type.label == 3:  # repeated, maps too: a list or an object
         return FieldColumn(f.name, "jsonb", "jsonb", f.nullable, f.defaulted, "repeated")
+    if f.type.type == 11 and f.type.type_name == ".google.protobuf.Timestamp":  # read as its ISO 8601 text
+        return FieldColumn(f.name, "timestamptz", "timestamptz", f.nullable, f.defaulted, "google.protobuf.Timestamp")
     sqltype, typname, source = _PROTO_TYPES.get(f.type.type, ("jsonb", "jsonb", f"type {f.type.type}"))
     return FieldColumn(f.name, sqltype, typname, f.nullable, f.defaulted, source)
 

@@ -363,9 +363,16 @@ def _descriptor(name: str, text: str | None, serialized: Callable[[], str | None
     return _str_to_proto(name, text)
 
 
+#: A well-known type read as the Connect logical type Confluent's ProtobufConverter makes of it (Timestamp).
+TIMESTAMP = "google.protobuf.Timestamp"
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
 def _message_dict(msg: Any) -> dict[str, Any]:
     """A message as a dict by field name: every field (proto3 defaults too), scalars as Python has them
-    (int64 an int, bytes bytes), enums by name, messages as dicts (an unset one None), maps as dicts."""
+    (int64 an int, bytes bytes), enums by name, messages as dicts (an unset one None), maps as dicts; a
+    ``google.protobuf.Timestamp`` as ISO 8601 text with ``+00:00``, to the microsecond (what a
+    ``timestamptz`` column holds; Connect's converter makes it a ``Timestamp`` of milliseconds)."""
     out: dict[str, Any] = {}
     for field in msg.DESCRIPTOR.fields:
         value = getattr(msg, field.name)
@@ -375,7 +382,7 @@ def _message_dict(msg: Any) -> dict[str, Any]:
         elif _repeated(field):
             out[field.name] = [_scalar(field, v) for v in value]
         elif field.message_type is not None:
-            out[field.name] = _message_dict(value) if msg.HasField(field.name) else None
+            out[field.name] = _message_value(value) if msg.HasField(field.name) else None
         else:
             out[field.name] = _scalar(field, value)
     return out
@@ -385,9 +392,15 @@ def _repeated(field: Any) -> bool:
     return bool(field.is_repeated)
 
 
+def _message_value(msg: Any) -> Any:
+    if msg.DESCRIPTOR.full_name == TIMESTAMP:
+        return (_EPOCH + datetime.timedelta(seconds=msg.seconds, microseconds=msg.nanos // 1000)).isoformat()
+    return _message_dict(msg)
+
+
 def _scalar(field: Any, value: Any) -> Any:
     if field.message_type is not None:
-        return _message_dict(value)
+        return _message_value(value)
     if field.enum_type is not None:
         named = field.enum_type.values_by_number.get(value)
         return named.name if named is not None else value
