@@ -122,7 +122,7 @@ BASKET_COLUMNS = [
     ("id", "long", True), ("customer", "struct<name: string, vip: boolean>", False),
     ("lines", "list<struct<sku: string, qty: int, blob: binary, units: decimal(20, 0)>>", True),
     ("attrs", "map<string, long>", True), ("slots", "map<int, string>", True),
-    ("at", "struct<seconds: long, nanos: int>", False), ("tree", "string", False),
+    ("at", "timestamptz", False), ("tree", "string", False),
     ("__topic", "string", True), ("__partition", "int", True), ("__offset", "long", True),
 ]
 AT_SECONDS, AT_NANOS = 1767323045, 678901000
@@ -140,7 +140,8 @@ def basket(i: int) -> dict[str, Any]:
 
 def basket_read(row: dict[str, Any]) -> dict[str, Any]:
     """A row of the basket table comparable with :func:`basket`: maps as dicts (Protobuf does not keep their
-    order), the unsigned integers as ints after checking they read back as decimals, the tree parsed."""
+    order), the unsigned integers as ints after checking they read back as decimals, the tree parsed, the
+    Timestamp as its seconds and nanos."""
     out = {k: row[k] for k in ("id", "customer", "lines", "attrs", "slots", "at", "tree")}
     if out["customer"] is None:
         del out["customer"]
@@ -148,6 +149,9 @@ def basket_read(row: dict[str, Any]) -> dict[str, Any]:
     out["lines"] = [{**line, "units": int(line["units"])} for line in out["lines"]]
     out["attrs"], out["slots"] = dict(out["attrs"]), dict(out["slots"])
     out["tree"] = json.loads(out["tree"])
+    at = out["at"]  # a timestamptz column: the Timestamp to the microsecond, back as seconds and nanos
+    assert at.tzinfo is not None, at
+    out["at"] = {"seconds": int(at.timestamp()), "nanos": at.microsecond * 1000}
     return out
 
 

@@ -167,7 +167,7 @@ NESTED_PROTOBUF_PARQUET = {
     "lines": ("large_list<element: struct<sku: large_string not null, qty: int32 not null, blob: large_binary not null, "
               "units: decimal128(20, 0) not null> not null>", False),
     "attrs": ("map<large_string, int64 ('attrs')>", False), "slots": ("map<int32, large_string ('slots')>", False),
-    "at": ("struct<seconds: int64 not null, nanos: int32 not null>", True), "tree": ("large_string", True),
+    "at": ("timestamp[us, tz=UTC]", True), "tree": ("large_string", True),
 }
 
 
