@@ -69,7 +69,7 @@ def _props(values: Mapping[str, Any]) -> str:
 def connect_worker_props(bootstrap: str, cdir: Path, plugin_dir: Path, overrides: Mapping[str, Any]) -> dict[str, Any]:
     """A standalone worker reading Kafka Connect's JSON envelope (keys as strings) read_committed; an
     override of None drops that key (``value.converter.schemas.enable`` under another converter)."""
-    return {
+    props = {
         "bootstrap.servers": bootstrap,
         "key.converter": "org.apache.kafka.connect.storage.StringConverter",
         "value.converter": "org.apache.kafka.connect.json.JsonConverter",
@@ -81,8 +81,9 @@ def connect_worker_props(bootstrap: str, cdir: Path, plugin_dir: Path, overrides
         "plugin.path": plugin_dir,
         # Both plugins list their connectors in ServiceLoader manifests: no reflective scan of ~100 jars.
         "plugin.discovery": "service_load",
-        **{k: v for k, v in overrides.items() if v is not None},
+        **overrides,
     }
+    return {k: v for k, v in props.items() if v is not None}
 
 
 def _post(base: str, name: str, config: Mapping[str, Any]) -> None:
