@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,8 +67,9 @@ def _props(values: Mapping[str, Any]) -> str:
 
 
 def connect_worker_props(bootstrap: str, cdir: Path, plugin_dir: Path, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """A standalone worker reading Kafka Connect's JSON envelope (keys as strings) read_committed."""
-    return {
+    """A standalone worker reading Kafka Connect's JSON envelope (keys as strings) read_committed; an
+    override of None drops that key (``value.converter.schemas.enable`` under another converter)."""
+    props = {
         "bootstrap.servers": bootstrap,
         "key.converter": "org.apache.kafka.connect.storage.StringConverter",
         "value.converter": "org.apache.kafka.connect.json.JsonConverter",
@@ -82,6 +83,7 @@ def connect_worker_props(bootstrap: str, cdir: Path, plugin_dir: Path, overrides
         "plugin.discovery": "service_load",
         **overrides,
     }
+    return {k: v for k, v in props.items() if v is not None}
 
 
 def _post(base: str, name: str, config: Mapping[str, Any]) -> None:
@@ -112,12 +114,14 @@ def _connect_alive(proc: subprocess.Popen[bytes], status_url: str) -> bool:
 
 
 def run_connect(name: str, plugin: str, worker: Mapping[str, Any], connector: Mapping[str, Any], bootstrap: str,
-                workdir: Path, n: int, probe: Probe, poll_s: float, timeout_s: float) -> Run:
+                workdir: Path, n: int, probe: Probe, poll_s: float, timeout_s: float, classpath: Sequence[str] = ()) -> Run:
     """ConnectStandalone (jars of ``jvm/connect``) with the plugin of ``jvm/<plugin>``, started with no
-    connector; once its REST API answers, ``connector`` is POSTed and the clock starts."""
+    connector; once its REST API answers, ``connector`` is POSTed and the clock starts. ``classpath``: more
+    ``jvm/<name>`` folders whose jars join the worker's own classpath (a converter the worker's config names:
+    Apicurio's lists itself in no ServiceLoader manifest, so a plugin folder would hide it from service_load)."""
     from eosink.worker.stack import jvm
 
-    cp = jvm.classpath("connect", "kafka-connect")
+    cp = os.pathsep.join([jvm.classpath("connect", "kafka-connect"), *(jvm.classpath(c, c) for c in classpath)])
     plugin_jars = jvm.resolve_jars(plugin, plugin)
     java = jvm.java("kafka-connect")
     cdir = workdir / f"connect-{connector['name']}"

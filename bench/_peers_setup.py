@@ -5,11 +5,16 @@ Every record is Kafka Connect's JSON envelope (``JsonConverter`` with ``schemas.
 id as a string; the payload is ``bench._data.order(i)``. Both sides of each comparison read it:
 Debezium's and Iceberg's sinks through ``JsonConverter``, eosink with
 ``value.converter.schemas.enable=true``.
+
+``--formats avro``: the same orders as Avro in Confluent's wire format (``0x00``, the schema's 4-byte
+id, the payload; :data:`bench.e2e_avro.ORDER_AVRO` registered as ``<topic>-value`` through the stack
+registry's Confluent API). Debezium reads them with Apicurio's ``AvroConverter`` for Kafka Connect
+(:func:`connect_avro_worker`), eosink with ``value.converter=io.confluent.connect.avro.AvroConverter``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,7 +25,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
 from bench import bench_worker
-from bench._data import ORDER_SCHEMA, order_envelope
+from bench._data import ORDER_SCHEMA, order, order_envelope
 from bench.bench_worker import IdCheck
 
 DEBEZIUM_BATCH = 5000  # batch.size and consumer.max.poll.records: Debezium's advice for throughput
@@ -29,10 +34,39 @@ SCHEMA = ORDER_SCHEMA
 envelope = order_envelope  # record i: Kafka Connect's {"schema", "payload"} envelope around order(i)
 
 
-def prefill(bootstrap: str, topic: str, n: int, partitions: int) -> None:
-    """Make ``topic`` hold exactly ``n`` committed envelopes (record i in partition i % P), unless it does."""
-    if not bench_worker.prefill(bootstrap, topic, n, partitions, envelope):
+def prefill(bootstrap: str, topic: str, n: int, partitions: int, value: Callable[[int], bytes] = envelope) -> None:
+    """Make ``topic`` hold exactly ``n`` committed records ``value(i)`` (record i in partition i % P), unless it does."""
+    if not bench_worker.prefill(bootstrap, topic, n, partitions, value):
         print(f"  {topic} already holds {n:,} records in {partitions} partitions")
+
+
+def avro_value(registry_url: str, topic: str) -> Callable[[int], bytes]:
+    """Record i as Avro in Confluent's wire format, the schema registered as ``<topic>-value`` (once: the same id)."""
+    from bench.e2e_avro import encoder
+
+    return encoder(registry_url, topic, "order")
+
+
+#: Apicurio Registry's converter for Kafka Connect, reading Confluent's wire format from the stack's registry.
+APICURIO_CONVERTER = "io.apicurio.registry.utils.converter.AvroConverter"
+APICURIO_VERSION = "2.6.13.Final"  # worker/stack/jvm/apicurio-converter/pom.xml
+
+
+def apicurio_api(registry_url: str) -> str:
+    """Apicurio's own v2 API beside its Confluent one (``.../apis/ccompat/v7`` -> ``.../apis/registry/v2``)."""
+    return registry_url.split("/apis/", 1)[0] + "/apis/registry/v2"
+
+
+def connect_avro_worker(registry_url: str) -> dict[str, Any]:
+    """The Connect worker's value converter for the Avro topic: Apicurio 2.6's ``AvroConverter`` with Confluent's
+    framing (no headers; a 4-byte id, which the registry's Confluent API hands out as the content id)."""
+    return {
+        "value.converter": APICURIO_CONVERTER, "value.converter.schemas.enable": None,
+        "value.converter.apicurio.registry.url": apicurio_api(registry_url),
+        "value.converter.apicurio.registry.headers.enabled": "false",
+        "value.converter.apicurio.registry.id-handler": "io.apicurio.registry.serde.Legacy4ByteIdHandler",
+        "value.converter.apicurio.registry.use-id": "contentId",
+    }
 
 
 def create_topic(bootstrap: str, topic: str, delete: bool = False) -> None:
@@ -66,12 +100,18 @@ def debezium_config(name: str, dsn: str, topic: str, table: str, mode: str) -> d
     return cfg
 
 
-def eosink_pg_config(dsn: str, topic: str, table: str, mode: str) -> dict[str, Any]:
-    """eosink's postgres connector reading the same envelope, every other key at its default."""
+def eosink_converter(registry_url: str | None) -> dict[str, Any]:
+    """eosink's value converter: the JSON envelope's, or (a registry URL) Confluent's Avro converter's keys."""
+    if registry_url is None:
+        return {"value.converter": "json", "value.converter.schemas.enable": "true"}
+    return {"value.converter": "io.confluent.connect.avro.AvroConverter", "value.converter.schema.registry.url": registry_url}
+
+
+def eosink_pg_config(dsn: str, topic: str, table: str, mode: str, registry_url: str | None = None) -> dict[str, Any]:
+    """eosink's postgres connector reading the same records, every other key at its default."""
     cfg: dict[str, Any] = {
         "connector.class": "postgres", "tasks.max": "1", "topics": topic, "connection.url": dsn, "insert.mode": mode,
-        "auto.create": "true", "fields.kafka": "false", "table.name.format": table,
-        "value.converter": "json", "value.converter.schemas.enable": "true",
+        "auto.create": "true", "fields.kafka": "false", "table.name.format": table, **eosink_converter(registry_url),
     }
     if mode == "upsert":
         cfg |= {"pk.mode": "record_value", "pk.fields": "id"}
@@ -97,13 +137,27 @@ class PgTable:
         return int(row[0]) if row else 0
 
     def check(self, n: int) -> str:
+        """Exactly the ids 0..n-1, each once, and every row's columns equal to ``order(id)``'s fields."""
         ids = IdCheck(n)
-        with self.conn.cursor() as cur:
-            cur.execute(sql.SQL("SELECT id FROM {}").format(sql.Identifier(self.table)))
-            for (i,) in cur:
-                ids.add(int(i))
+        fields = list(order(0))
+        differ, first = 0, ""
+        query = sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(map(sql.Identifier, fields)), sql.Identifier(self.table))
+        with self.conn.cursor(name=f"check_{self.table}") as cur:  # server-side: 1M rows streamed, not held
+            self.conn.autocommit = False
+            cur.itersize = 20_000
+            cur.execute(query)
+            for row in cur:
+                i = int(row[0])
+                ids.add(i)
+                if 0 <= i < n and dict(zip(fields, row, strict=True)) != order(i):
+                    differ += 1
+                    first = first or f" (first: id {i})"
+        self.conn.rollback()
+        self.conn.autocommit = True
         ok, text = ids.summary()
-        return f"{'ok' if ok else 'FAILED'}: {text.replace('lines', 'rows')}"
+        ok = ok and differ == 0
+        text = text.replace("lines", "rows") + (", values as published" if differ == 0 else f", {differ:,} rows of other values{first}")
+        return f"{'ok' if ok else 'FAILED'}: {text}"
 
     def _reconnect(self) -> None:
         if self.conn.closed:

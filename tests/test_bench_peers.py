@@ -41,3 +41,25 @@ def test_both_sides_are_configured_for_the_same_mode_and_key() -> None:
         assert (ours.get("pk.mode") == "record_value") is keyed
         if keyed:
             assert peer["primary.key.fields"] == ours["pk.fields"] == "id"
+
+
+def test_the_avro_topic_is_read_by_both_sides_through_the_same_registry() -> None:
+    from pathlib import Path
+
+    from bench._peers_proc import connect_worker_props
+    from bench._peers_setup import APICURIO_CONVERTER, apicurio_api, connect_avro_worker
+
+    dsn, url = "postgresql://eosink@127.0.0.1:15432/eosink", "http://127.0.0.1:18081/apis/ccompat/v7"
+    assert apicurio_api(url) == "http://127.0.0.1:18081/apis/registry/v2"
+    worker = connect_worker_props("k:9092", Path("/c"), Path("/p"), {"consumer.max.poll.records": 5, **connect_avro_worker(url)})
+    assert worker["value.converter"] == APICURIO_CONVERTER
+    assert "value.converter.schemas.enable" not in worker  # a JsonConverter key, dropped
+    assert worker["value.converter.apicurio.registry.url"] == apicurio_api(url)
+    # Confluent's framing: no headers, a 4-byte id read as the content id the Confluent API hands out.
+    assert worker["value.converter.apicurio.registry.headers.enabled"] == "false"
+    assert worker["value.converter.apicurio.registry.id-handler"].endswith("Legacy4ByteIdHandler")
+    assert worker["value.converter.apicurio.registry.use-id"] == "contentId"
+    ours = eosink_pg_config(dsn, "t", "tab", "insert", url)
+    assert ours["value.converter"] == "io.confluent.connect.avro.AvroConverter"
+    assert ours["value.converter.schema.registry.url"] == url
+    assert "value.converter.schemas.enable" not in ours
