@@ -101,8 +101,8 @@ class StreamingCopy(PostgresConnections, BatchingSink):
         """Decode Avro values straight into native rows of the streamed COPY's columns (see
         :mod:`eosink.connectors.postgres.native_rows`): offered once a stream of Avro records ran on a
         table whose columns all take native values, until a stream fails; None otherwise."""
-        native = self._native  # insert mode only: an upsert's staging rows carry order columns native rows lack
-        return native[1] if native is not None and self._streams and self.mode == "insert" and self._tables.plain else None
+        native = self._native
+        return native[1] if native is not None and self._streams and self._tables.plain else None
 
     def write(self, records: Sequence[SinkRecord]) -> None:
         """Stage ``records`` and, in insert mode, COPY them into the transaction right away.
@@ -217,15 +217,17 @@ class StreamingCopy(PostgresConnections, BatchingSink):
         """End the open COPY (its rows stay in the transaction) and go on with a binary COPY of native rows
         in the same transaction: the engine decodes into them from the first slice after the stream opened,
         and the batch would otherwise be written again at prepare."""
-        if st.stage is not None:  # the stage's rows carry their order columns, native rows do not
-            raise _NotStreamed("native rows into an upsert's staging table")
         if self._tables.cached(st.key) is not shape.table or shape.keys != st.shape.keys or not utf8(st.conn):
             raise _NotStreamed("native rows of another table or shape, or a client encoding other than UTF-8")
         st.closer.close()
         with contextlib.ExitStack() as opened:
             cur = opened.enter_context(st.conn.cursor())
-            cp = opened.enter_context(cur.copy(shape.copy_statement(self._tables[st.key].ident)))
-            cp.set_types(list(shape.types))
+            if st.stage is None:
+                cp = opened.enter_context(cur.copy(shape.copy_statement(self._tables[st.key].ident)))
+                cp.set_types(list(shape.types))
+            else:  # an upsert's stage: its rows go on with their order columns (copy_rows' ordinal)
+                cp = opened.enter_context(cur.copy(shape.copy_statement(st.stage, pgstage.ORDER)))
+                cp.set_types([*shape.types, *pgstage.ORDER_TYPES])
             st.closer = opened.pop_all()
         st.shape, st.write_row = shape, cp.write_row
 
