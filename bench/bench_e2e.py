@@ -65,6 +65,7 @@ from bench.bench_postgres_sink import COLUMNS, COPY_TYPES, FIELDS, create_table 
 from bench.bench_worker import TXN_RECORDS, cpu_of, expected_high_watermarks, in_child, recreate_topic, watermarks  # noqa: E402
 from eosink.connectors.api.records import ID_HEADER, RUN_HEADER  # noqa: E402
 from eosink.worker.stack.endpoints import load_endpoints  # noqa: E402
+from eosink.worker.stack.proc import free_port  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "e2e.json"
 TARGET_RATE = 300_000
@@ -414,14 +415,6 @@ def drop_cluster(zk_hosts: str, cluster: str) -> None:
     finally:
         zk.stop()
         zk.close()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ---------------------------------------------------------------------------------------- report

@@ -24,7 +24,6 @@ import argparse
 import gc
 import json
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,12 +45,11 @@ from bench import report  # noqa: E402
 from bench._data import make_records  # noqa: E402
 from eosink.connectors.api.records import TxnManifest  # noqa: E402
 from eosink.connectors.http.sink import HttpSink, encode_body  # noqa: E402
+from eosink.worker.stack.proc import free_port  # noqa: E402
 
 
 def start_server(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "eosink.connectors.http.reference_server", "--port", str(port),
                              "--data-dir", str(data_dir)], cwd=REPO, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

@@ -14,7 +14,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import threading
 import time
 import urllib.request
@@ -24,29 +23,11 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
+from eosink.worker.stack.proc import free_port_block
 from tests.procs import WorkerProcess, free_port, register, wait_until
 
 PARTITIONS = 6
 SESSION = 4.0
-
-
-def free_port_block(count: int) -> int:
-    """A base port with ``count`` free ports from it upward (Kafka nodes take base + 2i, + 2i + 1)."""
-    for _ in range(200):
-        base = random.randrange(30000, 60000 - count)
-        socks: list[socket.socket] = []
-        try:
-            for p in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no block of {count} free ports")
 
 
 class PrivateStack:

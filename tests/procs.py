@@ -16,6 +16,8 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
+from eosink.worker.stack.proc import free_port  # noqa: F401  (the tests import it from here)
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -98,13 +100,6 @@ def publish(bootstrap: str | dict, topic: str, partitions: int, *, txns: int, pe
             committed.update(ids)
     return committed, aborted
 
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.25) -> None:

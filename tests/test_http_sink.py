@@ -8,7 +8,6 @@ server is SIGKILL of its process: whatever it acknowledged must be on disk.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from eosink.connectors.http.sink import HttpSink
 from eosink.worker.engine.decision import MemoryDecisionLog
 from eosink.worker.engine.task import SinkTask
 from eosink.worker.engine.types import CycleOutcome, TaskSettings, TaskState
+from eosink.worker.stack.proc import free_port
 from tests.fakes import ListSource
 from tests.sinkkit import prepare, records
 
@@ -36,12 +36,6 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 # -- helpers ------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class ServerProc:
     """``python -m eosink.connectors.http.reference_server`` as a child process."""
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ import pytest
 
 from eosink.connectors.api.errors import FatalError, FencedError, RecordError, RetryableError
 from eosink.connectors.api.records import UNDECODED, LazyJsonRecord, SinkRecord
+from eosink.worker.stack.proc import free_port
 
 pytest.importorskip("pyiceberg")
 
@@ -540,12 +540,6 @@ def resolve_jars(name: str, pom_dir: Path) -> Path:
 
     with mock.patch.object(jvm, "POM_DIR", pom_dir):
         return jvm.resolve_jars(name, name)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

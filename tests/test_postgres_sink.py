@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -29,6 +28,7 @@ from eosink.connectors.api.errors import ConfigError, FatalError, FencedError, R
 from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
 from eosink.connectors.postgres.sink import PostgresSink
 from eosink.worker.stack import Endpoints
+from eosink.worker.stack.proc import free_port
 from tests.sinkkit import manifest_for as manifest
 from tests.sinkkit import prepare, records
 
@@ -829,9 +829,7 @@ def test_max_prepared_transactions_zero_names_setting() -> None:
     data = base / "data"
     if as_postgres:
         shutil.chown(base, "postgres")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     try:
         subprocess.run([*as_postgres, str(bindir / "initdb"), "-D", str(data), "-U", "eosink", "--auth=trust", "--no-sync"],
                        check=True, capture_output=True, timeout=120)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from eosink.worker.stack.proc import free_port
 from tests.spark_fixtures import assert_exactly_once, ledger, read_topic, spark  # noqa: F401
 
 pytestmark = pytest.mark.spark
@@ -363,12 +364,6 @@ SPECULATION_DRIVER = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def standalone_cluster(tmp_path) -> Iterator[str]:
     """A Spark standalone master and two workers on 127.0.0.2 and 127.0.0.3.
@@ -386,7 +381,7 @@ def standalone_cluster(tmp_path) -> Iterator[str]:
         "PYSPARK_PYTHON": sys.executable,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
-    port = _free_port()
+    port = free_port()
     master_url = f"spark://127.0.0.1:{port}"
     procs = []
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from eosink.worker.stack import StackNotRunning, load_endpoints, start_component, stop_component
+from eosink.worker.stack.proc import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 PORT_VARS = {
@@ -44,12 +45,6 @@ def running(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("Z", "X")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

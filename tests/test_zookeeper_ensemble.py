@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from tests.faultkit import SESSION, PrivateStack, Publisher, Rig, free_port_block
+from eosink.worker.stack.proc import free_port_block
+from tests.faultkit import SESSION, PrivateStack, Publisher, Rig
 from tests.procs import TcpProxy, wait_until
 from tests.test_cli import _write, cli
 from tests.test_faults import _drive, _rig, _watch

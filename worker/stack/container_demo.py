@@ -27,6 +27,7 @@ from typing import Any
 
 from eosink.connectors.api.errors import ConfigError, FatalError
 from eosink.worker.stack.images import DOCKER, IMAGES, REPO, Engine, find_engine
+from eosink.worker.stack.proc import free_port
 
 COMPOSE = DOCKER / "compose.yaml"
 CONFIG = REPO / "configs" / "demo-orders.json"
@@ -291,14 +292,6 @@ def _wait(predicate: Any, timeout: float, what: str) -> float:
             pass
         time.sleep(0.25)
     raise FatalError(f"timed out after {timeout:.0f} s waiting for {what}", component="container-demo")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run(ep: Any, names: Names, cluster: WorkerContainers, *, txns: int = 30, per_txn: int = 400,

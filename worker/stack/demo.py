@@ -26,6 +26,7 @@ from eosink.connectors.api.errors import EosinkError
 from eosink.worker import paths
 from eosink.worker.stack.demo_access import DemoAccess, for_stack
 from eosink.worker.stack.endpoints import Endpoints
+from eosink.worker.stack.proc import free_port
 
 CONNECTOR = "demo-orders"
 LAKE_TABLE = "demo.orders"
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
     log_path = home / "logs" / "demo-worker.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    port = int(os.environ.get("EOSINK_REST_PORT") or _free_port())
+    port = int(os.environ.get("EOSINK_REST_PORT") or free_port())
     url = f"{access.rest_scheme}://127.0.0.1:{port}"
     _step(f"starting a worker with its REST API on {url} (log: {log_path})")
     t_worker = time.monotonic()
@@ -234,14 +235,6 @@ def _archive_ids(access: DemoAccess) -> list[str]:
 
 def _count_ids(ids: list[str]) -> dict[str, int]:
     return {"rows": len(ids), "distinct": len(set(ids)), "from_aborted": sum(1 for i in ids if str(i).startswith("aborted-"))}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_ready(url: str, worker: subprocess.Popen, log_path: Path, ca_file: str | None = None, timeout: float = 60) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import random
 import re
 import signal
 import socket
@@ -23,6 +24,8 @@ from pathlib import Path
 # Servers started by this Python process, by pid: lets liveness checks reap our own exited
 # children (a zombie still has a /proc entry) and report their exit codes.
 _children: dict[int, subprocess.Popen[bytes]] = {}
+
+HOST_DEFAULT = "127.0.0.1"
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -57,16 +60,30 @@ def mark_log(log_path: Path, text: str) -> int:
         return log.tell()
 
 
+_FIRST_ERROR = re.compile(r"\b(ERROR|FATAL|PANIC)\b|Exception:|Error:")
+
+
 def log_tail(log_path: Path, start: int = 0, lines: int = 20) -> str:
-    """The last ``lines`` lines written at or after byte ``start`` (ANSI colours stripped)."""
+    """The last ``lines`` lines written at or after byte ``start`` (ANSI colours stripped).
+
+    A server that fails often logs its cause early and then pages of orderly shutdown (Kafka's
+    "Address already in use" sits ~250 lines above its exit), so the first line of this run that
+    reads as an error is put ahead of the tail when the tail does not hold it.
+    """
     try:
         with open(log_path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
-            f.seek(max(start, size - 64 * 1024))
-            text = f.read().decode(errors="replace")
+            f.seek(max(start, size - 4 * 1024 * 1024))
+            text = strip_ansi(f.read().decode(errors="replace"))
     except OSError:
         return ""
-    return "\n".join(strip_ansi(text).splitlines()[-lines:])
+    all_lines = text.splitlines()
+    tail = all_lines[-lines:]
+    first = next((i for i, line in enumerate(all_lines) if _FIRST_ERROR.search(line)), None)
+    if first is None or first >= len(all_lines) - lines:
+        return "\n".join(tail)
+    cause = all_lines[first:first + 3]
+    return "\n".join([*cause, f"[... {len(all_lines) - lines - first - len(cause)} lines ...]", *tail])
 
 
 def exit_code(pid: int) -> int | None:
@@ -183,6 +200,40 @@ def port_in_use(host: str, port: int) -> bool:
                 return True
             raise
     return False
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out to outgoing connections (Linux default 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+#: Where :func:`free_port_block` looks: above the stack's default ports (12181..19193, plus the secure
+#: offset) and below the kernel's ephemeral range.
+FREE_PORT_FLOOR = 20000
+
+
+def free_port_block(count: int = 1, host: str = HOST_DEFAULT) -> int:
+    """The first of ``count`` consecutive ports on ``host`` that nothing holds now.
+
+    Chosen below the kernel's ephemeral range on purpose: a port picked by binding to port 0 comes
+    from that range, and while a server takes seconds to start, any outgoing connection on the
+    machine (its own peers' included) may be given that very port, and the server then fails with
+    "Address already in use". Ports outside the range are only taken by someone binding them.
+    """
+    high = max(_ephemeral_low(), FREE_PORT_FLOOR + 1000)
+    for _ in range(500):
+        base = random.randrange(FREE_PORT_FLOOR, high - count)
+        if not any(port_in_use(host, p) for p in range(base, base + count)):
+            return base
+    raise OSError(errno.EADDRINUSE, f"no {count} consecutive free ports on {host} in {FREE_PORT_FLOOR}..{high}")
+
+
+def free_port(host: str = HOST_DEFAULT) -> int:
+    """One free port for a server about to start (see :func:`free_port_block`)."""
+    return free_port_block(1, host)
 
 
 @contextmanager

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from eosink.connectors.api.errors import EosinkError
-from eosink.worker.stack.demo import _free_port, _row, _step, _wait_ready
+from eosink.worker.stack.demo import _row, _step, _wait_ready
+from eosink.worker.stack.proc import free_port
 
 THRESHOLD = 1000.0
 PER_BATCH = 20  # records a micro-batch (maxOffsetsPerTrigger): the batches, and so the balance changes, are known
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     _produce(bootstrap, names)
     _step(f"produced {TRANSACTIONS} transactions of 5 users, then 5 more in a transaction that was aborted")
 
-    http_port, rest_port = _free_port(), _free_port()
+    http_port, rest_port = free_port(), free_port()
     procs: list[subprocess.Popen] = []
     env = {**os.environ, "EOSINK_LOG_FORMAT": "json"}
     try:
