@@ -169,7 +169,7 @@ class RegistryDecoder:
             schema = self.client.get_schema(schema_id)
             if self.format != "avro" or not schema.references or (schema.schema_type or "AVRO").upper() != "AVRO":
                 return schema, {}
-            what = f"a schema referenced by {what} ({', '.join(f'{r.subject} v{r.version}' for r in schema.references)})"
+            what = _referenced_by(schema_id, schema)
             return schema, _resolve_named_schema(schema, self.client)
         except Exception as exc:  # noqa: BLE001 - classified by _unavailable
             raise self._unavailable(exc, what) from None
@@ -203,7 +203,7 @@ class RegistryDecoder:
         def serialized(subject: str, version: int) -> str | None:
             return self.client.get_version(subject, version, True, "serialized").schema.schema_str
 
-        what = f"a schema referenced by schema id {schema_id} ({', '.join(f'{r.subject} v{r.version}' for r in schema.references or ())})"
+        what = _referenced_by(schema_id, schema)
         try:
             add_imports(schema)
             what = f"schema id {schema_id}"
@@ -440,3 +440,9 @@ def _json_schema(schema: Any) -> Decode:
         return value
 
     return decode
+
+
+def _referenced_by(schema_id: int, schema: Any) -> str:
+    """How an error names the schemas ``schema_id`` references: "a schema referenced by schema id 7 (a v1, b v2)"."""
+    refs = ", ".join(f"{r.subject} v{r.version}" for r in schema.references or ())
+    return f"a schema referenced by schema id {schema_id} ({refs})"
