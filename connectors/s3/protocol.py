@@ -17,7 +17,7 @@ checkpoint is open). An object's key ends in its last offset, which only the man
 ``pre_commit`` knows, and S3 fixes an upload's key at its create; and at the usual size (a few MB
 per partition per cycle) no object fills S3's least part of 5 MiB before then anyway. So every
 upload begins in prepare, and what ``abort`` and ``recover`` find is what they always found: a
-txn that never reached ``pre_commit`` has nothing in S3 (its staged lines are dropped), and an
+txn that never reached ``pre_commit`` has nothing in S3 (its staged records are dropped), and an
 upload of a prepare that died before its ``.json`` is an orphan that ``recover`` aborts (below).
 **commit** = CompleteMultipartUpload per object: S3 makes each object appear whole, at once.
 **abort** = AbortMultipartUpload. **recover** = the ``.json`` objects under the connector's
