@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from eosink.connectors.api.records import SinkRecord
+from eosink.connectors.api.records import UNDECODED, LazyJsonRecord, SinkRecord
 
 STATUSES = ("paid", "pending", "refunded", "failed")
 COUNTRIES = ("DE", "FR", "NL", "US", "GB", "PL")
@@ -56,3 +56,15 @@ def make_records(topic: str, n: int, partitions: int) -> list[SinkRecord]:
 def batches(records: Sequence[SinkRecord], size: int) -> list[Sequence[SinkRecord]]:
     """Consecutive slices of ``size``: one commit cycle's worth each."""
     return [records[i : i + size] for i in range(0, len(records), size)]
+
+
+def as_read_undecoded(records: Sequence[SinkRecord]) -> list[SinkRecord]:
+    """``records`` as the engine reads them for a task whose sinks only copy the values' bytes
+    (``value.converter=json``, no transforms, every sink ``reads_values = False``): each value checked
+    but not decoded, a :class:`LazyJsonRecord` holding the topic's bytes (see ``worker/engine/source.py``)."""
+    out: list[SinkRecord] = []
+    for r in records:
+        rec = SinkRecord(r.topic, r.partition, r.offset, r.key, UNDECODED, r.raw_value, r.headers, r.timestamp_ms)
+        rec.__class__ = LazyJsonRecord
+        out.append(rec)
+    return out

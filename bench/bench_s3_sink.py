@@ -13,7 +13,14 @@ commit.interval.ms=1000 cycle holds at the target rate):
 (c) the sink - begin_transaction / write * n / pre_commit / commit per cycle, the batch handed
     to ``write`` in slices of ``--slice`` records as the engine does while it reads
     (``CHUNK_RECORDS``): grouping, encoding, epoch reads, creates, parts, the txn's .json,
-    completes, epoch raises and cleanup all included.
+    completes, epoch raises and cleanup all included. For ``jsonl`` the records are what the
+    engine reads for a sink that copies the values' bytes (``LazyJsonRecord``: checked, not
+    decoded); Parquet reads the values, so it gets them decoded.
+
+Every mode's requests go through a client configured as the sink's (``make_client``: its retries,
+its pool, and over plain http the signed SHA-256 of each body without botocore's CRC32 on top), so
+the same request costs the same in each. Where the endpoint is the local stack's MinIO, the
+server's CPU is read around each mode too: it shares the 2 cores with this process.
 
 The machine is shared (2 cores, MinIO on them too), so absolute figures mean little; the ratio
 does. The modes alternate cycle by cycle, so all see the same load; the best of ``--rounds``
@@ -27,11 +34,12 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -40,15 +48,14 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import boto3  # noqa: E402
-from botocore.config import Config  # noqa: E402
-
 from bench import report  # noqa: E402
-from bench._data import make_records  # noqa: E402
+from bench._data import as_read_undecoded, make_records  # noqa: E402
 from eosink.connectors.api.records import SinkRecord, TxnManifest  # noqa: E402
 from eosink.connectors.s3 import S3Sink  # noqa: E402
 from eosink.connectors.s3.cleanup import CLEANUP_BATCH  # noqa: E402
+from eosink.connectors.s3.client import make_client  # noqa: E402
 from eosink.connectors.s3.encoding import ENCODERS  # noqa: E402
+from eosink.connectors.s3.protocol import BOOKKEEPING_THREADS  # noqa: E402
 from eosink.worker.engine.source import CHUNK_RECORDS  # noqa: E402
 
 #: The sink's goal, against the multipart protocol floor measured in the same run.
@@ -62,14 +69,22 @@ def raw_cycle(pool: ThreadPoolExecutor, client: Any, bucket: str, objects: list[
     return time.perf_counter() - t0
 
 
-def multipart_cycle(pool: ThreadPoolExecutor, client: Any, bucket: str, objects: list[tuple[str, bytes]]) -> float:
-    """Seconds to write one cycle's objects as one-part multipart uploads (create, part, complete)."""
+def multipart_cycle(pool: ThreadPoolExecutor, client: Any, bucket: str, objects: list[tuple[str, bytes]],
+                    steps: dict[str, list[float]]) -> float:
+    """Seconds to write one cycle's objects as one-part multipart uploads (create, part, complete);
+    each request's milliseconds appended to ``steps``."""
     def one(kv: tuple[str, bytes]) -> None:
         key = "floor/" + kv[0]
+        t0 = time.perf_counter()
         uid = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        t1 = time.perf_counter()
         etag = client.upload_part(Bucket=bucket, Key=key, UploadId=uid, PartNumber=1, Body=kv[1])["ETag"]
+        t2 = time.perf_counter()
         client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=uid,
                                          MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]})
+        t3 = time.perf_counter()
+        for name, a, b in (("create", t0, t1), ("part", t1, t2), ("complete", t2, t3)):
+            steps.setdefault(name, []).append((b - a) * 1000)
 
     t0 = time.perf_counter()
     list(pool.map(one, objects))
@@ -84,11 +99,30 @@ def sink_cycle(sink: S3Sink, part: Sequence[SinkRecord], m: TxnManifest, slice_:
         sink.write(part[i:i + slice_])
     w = time.perf_counter()
     sink.pre_commit(m)
+    p = time.perf_counter()
     sink.commit(m.txn_id)
     t = sink.timings
-    return {"write": (w - c0) * 1000, "group": t.group_ms, "encode": t.encode_ms, "body": t.body_ms,
-            "prepare": t.prepare_ms, "creates": t.creates_ms, "commit": t.commit_ms,
+    return {"write": (w - c0) * 1000, "group": t.group_ms, "body": t.body_ms,
+            "pre_commit": (p - w) * 1000, "creates": t.creates_ms, "commit": t.commit_ms,
             "cycle": (time.perf_counter() - c0) * 1000}
+
+
+def server_cpu_s() -> Callable[[], float] | None:
+    """The local stack's S3 server's CPU seconds so far (user + system, from /proc), read around each
+    mode: on this machine the server shares the 2 cores, so its work is part of every cycle."""
+    from eosink.worker.stack.layout import StackLayout
+
+    try:
+        stat = Path(f"/proc/{int(StackLayout.for_home(None).pid_file('s3').read_text().split()[0])}/stat")
+        stat.read_text()
+    except (OSError, ValueError, IndexError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def read() -> float:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+    return read
 
 
 def empty(client: Any, bucket: str) -> None:
@@ -119,11 +153,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         conn = dict(load_endpoints().s3)
     tag = uuid.uuid4().hex[:6]
     bucket, topic = f"bench-s3-{tag}", f"bench.s3.{tag}"
-    client = boto3.client("s3", config=Config(max_pool_connections=max(10, args.concurrency)), **conn)
+    # The ceiling and the floor use a client configured as the sink's own (retries, pool, and the
+    # checksums: over plain http the signed SHA-256 only, no CRC32 on top), so every mode pays the
+    # same for the same request.
+    client = make_client(endpoint_url=conn.get("endpoint_url"), region=conn.get("region_name", "us-east-1"),
+                         access_key=conn.get("aws_access_key_id"), secret_key=conn.get("aws_secret_access_key"),
+                         session_token=None, max_attempts=5, connections=args.concurrency + BOOKKEEPING_THREADS,
+                         path_style=False)
     client.create_bucket(Bucket=bucket)
 
     t0 = time.perf_counter()
     records = make_records(topic, args.records, args.partitions)
+    if args.format == "jsonl":  # as the engine hands them to a sink that copies the values' bytes
+        records = as_read_undecoded(records)
     parts = [records[i:i + args.batch] for i in range(0, len(records), args.batch)]
     encode = ENCODERS[args.format]
     # The ceiling's objects: the same bytes the sink writes, at the same keys, encoded up front.
@@ -150,7 +192,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sink_s: list[float] = []
     cycles: list[dict[str, float]] = []
     ratios: list[float] = []
+    floor_ratios: list[float] = []
+    steps: dict[str, list[float]] = {}  # the floor's requests, each one's ms
     pool = ThreadPoolExecutor(args.concurrency)
+    server = None if args.endpoint_url else server_cpu_s()
+    no_server = lambda: 0.0  # noqa: E731 - another endpoint: its CPU is not this machine's to read
+    srv = server or no_server
     for rnd in range(args.rounds):
         connector = f"bench{tag}r{rnd}"
         sink = S3Sink(connector, sink_cfg)
@@ -159,18 +206,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             for i, (part, objs) in enumerate(zip(parts, raw_objects)):
                 m = TxnManifest.covering(f"{connector}.w.1.{i + 1}", connector, part, 1)
-                p0 = time.process_time()
+                p0, s0 = time.process_time(), srv()
                 r = raw_cycle(pool, client, bucket, objs)
-                p1 = time.process_time()
-                f = multipart_cycle(pool, client, bucket, objs)
-                p2 = time.process_time()
+                p1, s1 = time.process_time(), srv()
+                f = multipart_cycle(pool, client, bucket, objs, steps)
+                p2, s2 = time.process_time(), srv()
                 c = sink_cycle(sink, part, m, args.slice)
-                p3 = time.process_time()
+                p3, s3 = time.process_time(), srv()
                 raw_t, floor_t, sink_t = raw_t + r, floor_t + f, sink_t + c["cycle"] / 1000
                 c["raw"], c["floor"] = r * 1000, f * 1000
                 c["raw_cpu"], c["floor_cpu"], c["sink_cpu"] = (p1 - p0) * 1000, (p2 - p1) * 1000, (p3 - p2) * 1000
+                c["raw_srv"], c["floor_srv"], c["sink_srv"] = (s1 - s0) * 1000, (s2 - s1) * 1000, (s3 - s2) * 1000
                 cycles.append(c)
                 ratios.append(r * 1000 / c["cycle"])
+                floor_ratios.append(f * 1000 / c["cycle"])
         finally:
             sink.close()
         raw_s.append(raw_t)
@@ -197,38 +246,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     def med(k: str) -> float:
         return statistics.median(c[k] for c in cycles)
 
+    def step(k: str) -> float:
+        return statistics.median(steps[k])
+
+    per_floor = statistics.median(floor_ratios)
+    cpu = "client / S3 server CPU" if server else "client CPU"
+
+    def used(mode: str) -> str:
+        return f"{med(mode + '_cpu'):.0f} / {med(mode + '_srv'):.0f}" if server else f"{med(mode + '_cpu'):.0f}"
+
     print()
-    print(f"per cycle of {args.batch:,} records (medians of {len(cycles)}): sink cycle {med('cycle'):.0f} ms = "
-          f"write {med('write'):.1f} ms (slices of {args.slice:,}: grouping {med('group'):.1f} ms, encoding "
-          f"{med('encode'):.1f} ms) + prepare {med('prepare'):.0f} ms (the bodies made, {med('body'):.1f} ms; the "
-          f"creates, answered {med('creates'):.0f} ms in; parts, fence reads, the txn's .json) + commit "
-          f"{med('commit'):.0f} ms (completes, epoch raises); raw puts {med('raw'):.0f} ms; multipart pre-encoded "
-          f"{med('floor'):.0f} ms")
-    print(f"client CPU per cycle (this process, every thread; the S3 server's is not counted): raw puts "
-          f"{med('raw_cpu'):.0f} ms, multipart pre-encoded {med('floor_cpu'):.0f} ms, sink {med('sink_cpu'):.0f} ms")
-    print(f"2PC overhead per cycle: {med('cycle') - med('raw'):.0f} ms (sink cycle - raw puts of the same bytes); "
-          f"median per-cycle ratio {statistics.median(ratios):.0%}")
-    print(f"the sink reaches {sink_rate / floor_rate:.0%} of the protocol floor, which itself reaches "
-          f"{floor_rate / raw_rate:.0%} of the ceiling on this endpoint")
+    print(f"where a median cycle of {args.batch:,} records goes (ms of wall time; {cpu} over the whole cycle, every "
+          f"thread; medians of {len(cycles)} cycles):")
+    print(f"  raw puts        {med('raw'):5.0f}   {cpu} {used('raw')}")
+    print(f"  protocol floor  {med('floor'):5.0f}   per object, {args.concurrency} at once: create {step('create'):.1f}, "
+          f"part {step('part'):.1f}, complete {step('complete'):.1f}; {cpu} {used('floor')}")
+    print(f"  sink            {med('cycle'):5.0f} = write {med('write'):.1f} (slices of {args.slice:,} grouped by "
+          f"partition: {med('group'):.1f}) + pre_commit {med('pre_commit'):.0f} (the creates sent, the bodies encoded "
+          f"meanwhile in {med('body'):.1f}, the creates answered {med('creates'):.0f} in; parts, the fence's LIST, the "
+          f"txn's .json) + commit {med('commit'):.0f} (completes; epoch raises; a DeleteObjects per {CLEANUP_BATCH} "
+          f"commits); {cpu} {used('sink')}")
+    print(f"the sink reaches {sink_rate / floor_rate:.0%} of the protocol floor (best rounds; median per-cycle ratio "
+          f"{per_floor:.0%}), which itself reaches {floor_rate / raw_rate:.0%} of the ceiling on this endpoint "
+          f"(sink vs ceiling: median per-cycle ratio {statistics.median(ratios):.0%})")
     met = sink_rate >= TARGET * floor_rate
     print(f"target >= {TARGET:.0%} of the protocol floor: {'met' if met else 'MISSED'} ({sink_rate / floor_rate:.0%} best "
           f"rounds; {sink_rate / raw_rate:.0%} of the ceiling)")
     if not met:
-        print(f"  missed by {(TARGET - sink_rate / floor_rate) * 100:.0f} points. Where the sink's cycle goes beyond the "
-              f"floor's - the same data requests (create, part, complete per object), no encoding, no bookkeeping: it "
-              f"groups the records ({med('group'):.1f} ms) and encodes {nbytes / len(parts) / 1e6:.0f} MB "
-              f"({med('encode'):.0f} ms) in write(), makes the bodies ({med('body'):.1f} ms), and makes the fence's "
-              f"LIST and the txn's .json PUT (one DeleteObjects per {CLEANUP_BATCH} commits): "
-              f"{med('sink_cpu') - med('floor_cpu'):.0f} ms more client CPU per cycle than the floor, on the 2 cores the "
-              f"S3 server uses too. No part can go before pre_commit: an object's final key ends in its last offset, "
-              f"which only the manifest knows, and S3 fixes an upload's key at its create ({med('creates'):.0f} ms "
-              f"into the prepare here); nor would one part go out early at this size "
-              f"({nbytes / len(parts) / args.partitions / 1e6:.1f} MB per object, S3's least part is 5 MiB)")
+        extra_srv = f" and {med('sink_srv') - med('floor_srv'):.0f} ms more of the server's" if server else ""
+        print(f"  missed by {(TARGET - sink_rate / floor_rate) * 100:.0f} points. Beyond the floor's requests the sink "
+              f"groups the records in write() ({med('write'):.0f} ms), encodes {nbytes / len(parts) / 1e6:.0f} MB "
+              f"({med('body'):.0f} ms, while the creates are in flight: no part can go before pre_commit, an object's "
+              f"final key ends in its last offset, which only the manifest knows, and S3 fixes an upload's key at its "
+              f"create), and makes "
+              f"the requests exactly-once needs (the fence's LIST, the txn's .json PUT, the epoch raises, the deletes "
+              f"of committed .json): {med('sink_cpu') - med('floor_cpu'):.0f} ms more client CPU per cycle than the "
+              f"floor{extra_srv}, on the 2 cores both share")
     conditions = (f"{n:,} records of ~{avg:.0f} bytes JSON, {args.partitions} partitions, {args.batch:,} per cycle "
                   f"({nbytes / len(parts) / 1e6:.1f} MB of {args.format}) written in slices of {args.slice:,}, concurrency "
                   f"{args.concurrency}, modes alternated cycle by cycle, best of {args.rounds} rounds; S3: "
                   f"{'MinIO on this machine' if not args.endpoint_url else args.endpoint_url}; CPU is this process's, per "
-                  f"record of a median cycle, not the server's; {report.load_note()}")
+                  f"record of a median cycle, not the server's; the jsonl sink gets its records as the engine reads them for a "
+                  f"sink that copies the values' bytes (checked, not decoded); every mode's requests from a client "
+                  f"configured as the sink's; {report.load_note()}")
     report.maybe_publish(args, lambda: report.figure(
         "s3" if args.format == "jsonl" else f"s3-{args.format}", title=f"S3 sink ({args.format}): {TITLE}",
         measures=MEASURES, baseline=BASELINE, conditions=conditions, unit="records/s", argv=argv, make_target="bench-s3",
@@ -238,8 +298,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                          cpu_us=med("floor_cpu") * 1000 / args.batch, note="create, part, complete per object"),
               report.row(f"eosink S3 sink, {args.format}, full 2PC cycle", round(sink_rate), raw_rate,
                          cpu_us=med("sink_cpu") * 1000 / args.batch,
-                         note=f"{sink_rate / floor_rate:.0%} of the protocol floor; 2PC overhead "
-                              f"{med('cycle') - med('raw'):.0f} ms per cycle; median per-cycle ratio {statistics.median(ratios):.0%}")],
+                         note=f"{sink_rate / floor_rate:.0%} of the protocol floor (median per-cycle {per_floor:.0%}); "
+                              f"cycle {med('cycle'):.0f} ms = write {med('write'):.0f} + pre_commit {med('pre_commit'):.0f} "
+                              f"+ commit {med('commit'):.0f} against the floor's {med('floor'):.0f}; {cpu} per cycle "
+                              f"{used('sink')} ms against the floor's {used('floor')}")],
         targets=[report.target("sink vs the protocol floor (best rounds)", f">= {TARGET:.0%}", f"{sink_rate / floor_rate:.0%}",
                                met)]))
     empty(client, bucket)

@@ -135,8 +135,8 @@ def test_jsonl_keeps_the_topics_bytes_and_one_record_per_line(make_sink, client,
 
 def test_a_batch_written_in_slices_makes_the_same_objects_as_one_write(make_sink, client, bucket, unique):
     """The engine hands the batch over in slices while it reads (write * n): each slice is grouped
-    and encoded as it arrives, and the objects hold every record once, in offset order, as if the
-    batch had come in one write."""
+    as it arrives (the prepare encodes them), and the objects hold every record once, in offset
+    order, as if the batch had come in one write."""
     recs = [r for i in range(30) for r in records("t" if i % 3 else "u", [{"i": i}], partition=i % 2, start=i)]
     whole, sliced = make_sink(f"{unique}-whole"), make_sink(f"{unique}-sliced")
     prepare(whole, f"{unique}.w.1.1", recs)
@@ -155,8 +155,11 @@ def test_a_batch_written_in_slices_makes_the_same_objects_as_one_write(make_sink
         assert got[sliced.final_key(r)] == b"".join(want)
 
 
-def test_a_slice_that_cannot_be_encoded_fails_the_prepare_naming_the_record_and_uploads_nothing(
+def test_a_slice_that_cannot_be_encoded_fails_the_prepare_naming_the_record_and_leaves_nothing_behind(
         make_sink, client, bucket, unique):
+    """The prepare encodes while its creates are in flight: a record that cannot be encoded fails it
+    after the uploads were created, and they are aborted (and the txn's .json, if it went up, deleted)
+    before the error reaches the engine."""
     sink = make_sink()
     good = records("t", [{"n": i} for i in range(4)])
     bad = SinkRecord("t", 0, 4, None, b"\x00\x01", b"\x00\x01")  # value.converter=bytes: no JSON form

@@ -9,15 +9,15 @@ Layout in the bucket under ``s3.prefix`` (``P``; keys start at the bucket root w
 **prepare** = CreateMultipartUpload at each partition's *final* key + UploadPart(s), in parallel
 (parts of ``s3.part.size``, >= 5 MiB but the last); nothing is visible, whatever size. Alongside
 the parts, one small object, the txn's ``.json``: its manifest and per object the upload id.
-The JSON Lines bodies are encoded before, by the sink's ``write`` as the engine hands over the
-slices of the batch (:mod:`.staging`); the prepare joins them.
+The bodies (JSON Lines or Parquet) are encoded while the creates' round trips run: ``write``
+only grouped the slices of the batch by partition (:mod:`.staging`).
 
 **Why no upload begins before prepare** (as Flink's S3 writer streams its parts while a
 checkpoint is open). An object's key ends in its last offset, which only the manifest handed to
 ``pre_commit`` knows, and S3 fixes an upload's key at its create; and at the usual size (a few MB
 per partition per cycle) no object fills S3's least part of 5 MiB before then anyway. So every
 upload begins in prepare, and what ``abort`` and ``recover`` find is what they always found: a
-txn that never reached ``pre_commit`` has nothing in S3 (its staged lines are dropped), and an
+txn that never reached ``pre_commit`` has nothing in S3 (its staged records are dropped), and an
 upload of a prepare that died before its ``.json`` is an orphan that ``recover`` aborts (below).
 **commit** = CompleteMultipartUpload per object: S3 makes each object appear whole, at once.
 **abort** = AbortMultipartUpload. **recover** = the ``.json`` objects under the connector's
@@ -86,8 +86,7 @@ class CycleTimings:
     """Milliseconds of the last cycle's phases (for metrics and the benchmark)."""
 
     group_ms: float = 0.0  # the batch's records per partition (in write)
-    encode_ms: float = 0.0  # JSON Lines of the slices (in write)
-    body_ms: float = 0.0  # the objects' bodies (in prepare: JSON Lines joined, or Parquet encoded)
+    body_ms: float = 0.0  # the objects' bodies encoded (in prepare, while the creates are in flight)
     prepare_ms: float = 0.0  # creates, bodies, parts, epoch reads, the txn's .json
     creates_ms: float = 0.0  # from the prepare's start until its last create answered (no part goes before)
     commit_ms: float = 0.0  # completes, epoch raises
@@ -116,13 +115,11 @@ class MultipartTxns:
         self._data.shutdown(wait=True)
 
     # -- prepare ----------------------------------------------------------------------------
-    def prepare(self, manifest: TxnManifest, bodies: Sequence[bytes] | Callable[[], Sequence[bytes]], ext: str) -> None:
+    def prepare(self, manifest: TxnManifest, bodies: Callable[[], Sequence[bytes]], ext: str) -> None:
         """The objects of ``manifest.ranges`` (in that order): creates first (they need no body),
         then every part; the fence's LIST and the txn's ``.json`` (once the creates answered) run
-        alongside. ``bodies`` is either made already (JSON Lines: encoded by ``write``, joined in ~2 ms
-        per 12 MB, which beside the creates' threads would wait several ms for the GIL and hold back
-        every part) or made by calling it while the creates run (Parquet: encoding takes longer
-        than a create's round trip)."""
+        alongside. ``bodies()`` encodes the objects (JSON Lines or Parquet) while the creates'
+        round trips run: no part could go before them anyway (see :mod:`.staging`)."""
         t0 = time.perf_counter()
         txn = manifest.txn_id
         meta = {"eosink-txn": quote(txn, safe=""), "eosink-connector": self.layout.connector}
@@ -138,10 +135,11 @@ class MultipartTxns:
         parts: list[list[Future[tuple[int, str]]]] = []
         try:
             try:
-                # Every body before the first part goes out: encoding is CPU under the GIL, and run
-                # beside uploads it waits for their threads (2-3x longer; measured), delaying the
-                # last object's upload by more than encoding them all first does.
-                made = bodies() if callable(bodies) else bodies
+                # Every body before the first part goes out (the creates are in flight meanwhile):
+                # encoding is CPU under the GIL, and run beside uploads it waits for their threads
+                # (2-3x longer; measured), delaying the last object's upload by more than encoding
+                # them all first does.
+                made = bodies()
                 for key, create, r, data in zip(keys, creates, manifest.ranges, made, strict=True):
                     n = max(1, math.ceil(len(data) / self.part_size))
                     if n > MAX_PARTS:

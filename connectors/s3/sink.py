@@ -3,8 +3,8 @@
 The two phases are S3's own (CreateMultipartUpload + UploadPart at prepare, CompleteMultipartUpload
 at commit): :mod:`.protocol` says how and why (its keys and ``.json`` in :mod:`.layout`, its epoch
 fence in :mod:`.fence`, its deletes of committed ``.json`` in :mod:`.cleanup`), :mod:`.encoding`
-what the objects hold, :mod:`.staging` how ``write`` groups and encodes the slices of a batch as
-they arrive, :mod:`.client` how failures become outcome classes. This module is the connector: its
+what the objects hold, :mod:`.staging` how ``write`` groups the slices of a batch as they arrive
+(the prepare encodes them), :mod:`.client` how failures become outcome classes. This module is the connector: its
 configuration, its lifecycle, and the objects of a txn (one per partition of its manifest).
 
 **Visibility.** Each object appears atomically and complete; the objects of one txn appear one
@@ -166,10 +166,10 @@ class S3Sink(TwoPhaseCommitSink):
         self._staged = self._new_staging()
 
     def _new_staging(self) -> Staging:
-        return Staging(jsonl=self.format == "jsonl")
+        return Staging()
 
     def write(self, records: Sequence[SinkRecord]) -> None:
-        """Stage a slice of the batch: grouped by partition and, for ``jsonl``, encoded now."""
+        """Stage a slice of the batch, grouped by partition (encoded by the prepare: see :mod:`.staging`)."""
         self._staged.add(records)
 
     def pre_commit(self, manifest: TxnManifest) -> None:
@@ -185,9 +185,9 @@ class S3Sink(TwoPhaseCommitSink):
         def bodies() -> list[bytes]:
             return [staged.body(r.tp, encode) for r in manifest.ranges]
 
-        txns.prepare(manifest, bodies() if staged.encoded else bodies, self.format)
+        txns.prepare(manifest, bodies, self.format)
         t = txns.timings
-        t.group_ms, t.encode_ms, t.body_ms = staged.group_s * 1000, staged.encode_s * 1000, staged.body_s * 1000
+        t.group_ms, t.body_ms = staged.group_s * 1000, staged.body_s * 1000
 
     def commit(self, txn_id: str) -> None:
         self.txns.commit(txn_id)
