@@ -55,6 +55,7 @@ from eosink.spark_jobs.publisher import (
 )
 from eosink.spark_jobs.replay_check import plan_scan
 from eosink.spark_jobs.runs import PublishResult, already_published, finish_run, run_tasks
+from eosink.spark_jobs.session import uncap_arrow_batches
 from eosink.spark_jobs.task import FaultHook, TaskSpec
 
 log = logging.getLogger("eosink.spark")
@@ -196,6 +197,7 @@ class MicroBatchPublisher:
         # again in the publish job; without it the count is the plan's, read without a Spark job. (The session is
         # the query's own: the setting does not reach the caller's.)
         batch.sparkSession.conf.set("spark.sql.adaptive.enabled", "false")
+        uncap_arrow_batches(batch.sparkSession)  # no byte count after every row the JVM hands the tasks
         batch = self.plan.project(batch)[0]
         n = partition_count(batch)
         run, end = self._run(run_id, n)

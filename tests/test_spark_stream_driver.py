@@ -65,3 +65,42 @@ def test_the_ledger_read_from_offset_0_is_done_before_the_first_micro_batch(stac
                     known_published=frozenset(), transaction_timeout_ms=30_000)
     prefetch_ledger(spec).join(60)
     assert job_ledger(conf, LEDGER_TOPIC, unique).pos > 0, "the job's ledger was not read ahead"
+
+
+def test_a_micro_batch_hands_its_tasks_arrow_batches_without_a_per_row_byte_count(spark, stack, make_topic,  # noqa: F811
+                                                                                 unique, tmp_path):
+    """Spark checks its Arrow byte cap by measuring the batch after every row it adds, unless the cap is Int.MaxValue:
+    sessions eosink builds have it so, a micro-batch of a session without it gets it (on the query's own session, not
+    the caller's), and a cap set by the caller is kept."""
+    from eosink.spark_jobs import Outbox, publish_outbox_stream
+    from eosink.spark_jobs.session import ARROW_MAX_BYTES, ARROW_NO_BYTE_CAP
+
+    assert spark.conf.get(ARROW_MAX_BYTES) == ARROW_NO_BYTE_CAP, "build_session leaves the per-row byte count on"
+    source = make_topic(2)
+    produce(stack.kafka_bootstrap, source, 0, 100)
+    try:
+        for caller, expected in ((None, ARROW_NO_BYTE_CAP), ("1m", "1m")):
+            if caller is None:
+                spark.conf.unset(ARROW_MAX_BYTES)
+            else:
+                spark.conf.set(ARROW_MAX_BYTES, caller)
+            seen: list[str] = []
+
+            def look(batch, seen=seen):
+                if batch.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId"):  # not the start's check
+                    seen.append(batch.sparkSession.conf.get(ARROW_MAX_BYTES))
+                return batch
+
+            outbox = make_topic(2)
+            q = publish_outbox_stream(source_frame(spark, stack.kafka_bootstrap, source, 100),
+                                      Outbox(outbox, value="value"), key="k", job=f"{unique}-{caller or 'unset'}",
+                                      checkpoint=str(tmp_path / f"ck-{caller}"), kafka=stack.kafka_bootstrap,
+                                      trigger={"availableNow": True}, transform=look)
+            assert q.awaitTermination(120)
+            assert q.exception() is None
+            assert seen and set(seen) == {expected}, f"caller's cap {caller}: the micro-batches had {seen}"
+            assert_exactly_once(read_topic(stack.kafka_bootstrap, outbox), keys(0, 100))
+            if caller is None:
+                assert not spark.conf._jconf.contains(ARROW_MAX_BYTES), "the caller's session was changed"
+    finally:
+        spark.conf.set(ARROW_MAX_BYTES, ARROW_NO_BYTE_CAP)
