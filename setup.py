@@ -16,6 +16,7 @@ from setuptools import Extension, find_namespace_packages, setup
 ROOTS = ("worker", "connectors", "spark_jobs")
 NATIVE = {"eosink.spark_jobs.native._produce": "spark_jobs/native/produce.c",
           "eosink.worker.native._avro_rows": "worker/native/_avro_rows.c",
+          "eosink.worker.native._records": "worker/native/_records.c",
           "eosink.connectors.postgres._copy_rows": "connectors/postgres/_copy_rows.c"}
 
 setup(
