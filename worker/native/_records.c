@@ -17,7 +17,15 @@ enum { S_TOPIC, S_PARTITION, S_OFFSET, S_KEY, S_VALUE, S_RAW, S_HEADERS, S_TS, S
 
 static PyObject *n_error, *n_topic, *n_partition, *n_offset, *n_key, *n_value, *n_timestamp;
 
-static inline PyObject *call0(PyObject *m, PyObject *name) { return PyObject_CallMethodNoArgs(m, name); }
+/* The messages' methods, looked up once per call on their type (a method descriptor called with the
+ * message: no lookup and no bound method per call); NULL: looked up on each message. */
+enum { M_ERROR, M_VALUE, M_TOPIC, M_PARTITION, M_OFFSET, M_KEY, M_TIMESTAMP, NMETHODS };
+static PyObject **names[NMETHODS] = {&n_error, &n_value, &n_topic, &n_partition, &n_offset, &n_key, &n_timestamp};
+
+static inline PyObject *call0(PyObject *m, PyTypeObject *type, PyObject *const *methods, int k) {
+    if (Py_TYPE(m) == type && methods[k] != NULL) return PyObject_CallOneArg(methods[k], m);
+    return PyObject_CallMethodNoArgs(m, *names[k]);
+}
 
 static PyObject *fill(PyObject *mod, PyObject *args) {
     PyObject *msgs, *row, *out, *slots, *at_end;
@@ -37,14 +45,20 @@ static PyObject *fill(PyObject *mod, PyObject *args) {
     }
     Py_ssize_t n = PyList_GET_SIZE(msgs), i = start;
     int full = 0;
+    PyTypeObject *type = n > start ? Py_TYPE(PyList_GET_ITEM(msgs, start)) : NULL;
+    PyObject *methods[NMETHODS] = {NULL};
+    for (int k = 0; type != NULL && k < NMETHODS; k++) {
+        PyObject *d = _PyType_Lookup(type, *names[k]);  /* borrowed: the type holds it */
+        methods[k] = d != NULL && Py_TYPE(d) == &PyMethodDescr_Type ? d : NULL;
+    }
     for (; i < n; i++) {
         PyObject *m = PyList_GET_ITEM(msgs, i);
-        PyObject *err = call0(m, n_error);
+        PyObject *err = call0(m, type, methods, M_ERROR);
         if (!err) return NULL;
         int has_err = err != Py_None;
         Py_DECREF(err);
         if (has_err) break;
-        PyObject *raw = call0(m, n_value);
+        PyObject *raw = call0(m, type, methods, M_VALUE);
         if (!raw) return NULL;
         if (!PyBytes_CheckExact(raw)) { Py_DECREF(raw); break; }
         PyObject *value = PyObject_CallOneArg(row, raw);
@@ -60,11 +74,11 @@ static PyObject *fill(PyObject *mod, PyObject *args) {
         PyObject *vals[NSLOTS] = {NULL};
         vals[S_VALUE] = value;
         vals[S_RAW] = raw;
-        vals[S_TOPIC] = call0(m, n_topic);
-        vals[S_PARTITION] = call0(m, n_partition);
-        vals[S_OFFSET] = call0(m, n_offset);
-        vals[S_KEY] = call0(m, n_key);
-        PyObject *ts = call0(m, n_timestamp);
+        vals[S_TOPIC] = call0(m, type, methods, M_TOPIC);
+        vals[S_PARTITION] = call0(m, type, methods, M_PARTITION);
+        vals[S_OFFSET] = call0(m, type, methods, M_OFFSET);
+        vals[S_KEY] = call0(m, type, methods, M_KEY);
+        PyObject *ts = call0(m, type, methods, M_TIMESTAMP);
         if (ts && PyTuple_Check(ts) && PyTuple_GET_SIZE(ts) == 2) {
             vals[S_TS] = Py_NewRef(PyTuple_GET_ITEM(ts, 1));
         }
