@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#include <structmember.h>
 
 enum { K_INT8 = 0, K_BOOL = 1, K_FLOAT8 = 2, K_TEXT = 3 };
 
@@ -347,8 +348,25 @@ static PyTypeObject EncoderType = {
 
 static PyObject *s_topic, *s_partition, *s_offset;
 
-static int int_attr(PyObject *rec, PyObject *name, int64_t *out) {
-    PyObject *v = PyObject_GetAttr(rec, name);
+/* Where a record type keeps an attribute as a slot (looked up once per join), or -1: read it as an attribute. */
+static Py_ssize_t slot_of(PyTypeObject *type, PyObject *name) {
+    PyObject *d = _PyType_Lookup(type, name);  /* borrowed */
+    if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type) return -1;
+    PyMemberDef *def = ((PyMemberDescrObject *)d)->d_member;
+    return def->type == T_OBJECT_EX ? def->offset : -1;
+}
+
+/* A new reference to rec's attribute: from its slot when rec is of `type` and the slot is set. */
+static inline PyObject *attr(PyObject *rec, PyTypeObject *type, Py_ssize_t slot, PyObject *name) {
+    if (slot >= 0 && Py_TYPE(rec) == type) {
+        PyObject *v = *(PyObject **)((char *)rec + slot);
+        if (v != NULL) return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(rec, name);
+}
+
+static int int_attr(PyObject *rec, PyTypeObject *type, Py_ssize_t slot, PyObject *name, int64_t *out) {
+    PyObject *v = attr(rec, type, slot, name);
     if (!v) return -1;
     long long x = PyLong_AsLongLong(v);
     Py_DECREF(v);
@@ -372,6 +390,9 @@ static PyObject *join(PyObject *mod, PyObject *args) {
     }
     Py_ssize_t count = stop - start, nf = nfields + (pwidth ? 3 : 0) + (ordinal >= 0 ? 2 : 0);
     if (nf > 32767) { PyErr_SetString(PyExc_ValueError, "too many fields"); return NULL; }
+    PyTypeObject *rtype = stop > start ? Py_TYPE(PyList_GET_ITEM(recs, start)) : NULL;
+    Py_ssize_t o_topic = rtype ? slot_of(rtype, s_topic) : -1, o_partition = rtype ? slot_of(rtype, s_partition) : -1;
+    Py_ssize_t o_offset = rtype ? slot_of(rtype, s_offset) : -1;
     PyObject *topic = NULL;  /* the last record's topic, and its UTF-8 */
     const char *tbytes = NULL;
     Py_ssize_t tlen = 0;
@@ -380,7 +401,7 @@ static PyObject *join(PyObject *mod, PyObject *args) {
     /* First pass: the size (topics may differ from row to row). */
     if (pwidth) {
         for (Py_ssize_t i = start; i < stop; i++) {
-            PyObject *t = PyObject_GetAttr(PyList_GET_ITEM(recs, i), s_topic);
+            PyObject *t = attr(PyList_GET_ITEM(recs, i), rtype, o_topic, s_topic);
             if (!t) { Py_XDECREF(topic); return NULL; }
             if (t != topic) {
                 Py_XDECREF(topic);
@@ -405,10 +426,10 @@ static PyObject *join(PyObject *mod, PyObject *args) {
         o += rl;
         int64_t part = 0, off = 0;
         if (pwidth || ordinal >= 0) {
-            if (int_attr(rec, s_offset, &off)) goto fail;
+            if (int_attr(rec, rtype, o_offset, s_offset, &off)) goto fail;
         }
         if (pwidth) {
-            PyObject *t = PyObject_GetAttr(rec, s_topic);
+            PyObject *t = attr(rec, rtype, o_topic, s_topic);
             if (!t) goto fail;
             if (t != topic) {
                 Py_XDECREF(topic);
@@ -418,7 +439,7 @@ static PyObject *join(PyObject *mod, PyObject *args) {
             } else {
                 Py_DECREF(t);
             }
-            if (int_attr(rec, s_partition, &part)) goto fail;
+            if (int_attr(rec, rtype, o_partition, s_partition, &part)) goto fail;
             put32(o, (uint32_t)tlen); memcpy(o + 4, tbytes, (size_t)tlen); o += 4 + tlen;
             if (pwidth == 4) {
                 if (part < INT32_MIN || part > INT32_MAX) { PyErr_SetString(PyExc_OverflowError, "partition beyond int4"); goto fail; }
