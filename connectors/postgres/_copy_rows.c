@@ -78,10 +78,14 @@ static inline int utf8_seq(const unsigned char *s, Py_ssize_t i, Py_ssize_t len)
     return n;
 }
 
+/* Bytes a JSON string holds as they are (printable ASCII but the quote and the backslash), set at import. */
+static unsigned char plain[256];
+
 /* A JSON string whose opening quote is at s[*p]: its UTF-8 bytes written at out (room: its raw length). */
 static int read_string(const unsigned char *s, Py_ssize_t len, Py_ssize_t *p, unsigned char *out, Py_ssize_t *out_len) {
     Py_ssize_t i = *p + 1, o = 0;
     for (;;) {
+        while (i < len && plain[s[i]]) out[o++] = s[i++];  /* the common run, one test a byte */
         if (i >= len) return refuse("an unterminated string");
         unsigned char c = s[i];
         if (c == '"') break;
@@ -262,7 +266,7 @@ static PyObject *Encoder_call(Encoder *self, PyObject *args, PyObject *kw) {
         if (k1 >= len || s[k1] != '"') { refuse("an escaped or malformed key"); return NULL; }
         Py_ssize_t kl = k1 - k0, c = -1;
         for (Py_ssize_t t = 0; t < n; t++) {
-            Py_ssize_t cc = (guess + t) % n;
+            Py_ssize_t cc = guess + t < n ? guess + t : guess + t - n;
             if (self->name_lens[cc] == kl && memcmp(self->names[cc], s + k0, (size_t)kl) == 0) { c = cc; break; }
         }
         if (c < 0) { refuse("a field the row does not have"); return NULL; }
@@ -474,6 +478,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_copy_rows", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__copy_rows(void) {
+    for (int c = 0x20; c < 0x80; c++) plain[c] = c != '"' && c != '\\';
     s_topic = PyUnicode_InternFromString("topic");
     s_partition = PyUnicode_InternFromString("partition");
     s_offset = PyUnicode_InternFromString("offset");
