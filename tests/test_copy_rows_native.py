@@ -13,6 +13,7 @@ naming the same culprit, in insert and upsert modes.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -33,7 +34,7 @@ from eosink.connectors.postgres import copy_native
 from eosink.connectors.postgres import schema as pgs
 from eosink.connectors.postgres import stage as pgstage
 from eosink.connectors.postgres.sink import PostgresSink
-from tests.sinkkit import records
+from tests.sinkkit import manifest_for, records
 from tests.test_postgres_rows import in_slices
 from tests.test_postgres_sink import MakeSink, make_sink  # noqa: F401 - the fixture
 
@@ -237,11 +238,13 @@ VALUES = [{"id": i, "amount": i / 3 if i % 5 else i, "name": f"n\u00e9{i}\n\"q\"
 
 @pytest.mark.parametrize("mode", ["insert", "upsert"])
 def test_a_sink_writes_encoded_rows_as_the_python_path_and_names_the_same_culprit(
-    make_sink: MakeSink, pg: PG, unique: str, mode: str  # noqa: F811 - the fixture
+    make_sink: MakeSink, pg: PG, unique: str, mode: str, caplog: pytest.LogCaptureFixture  # noqa: F811 - the fixture
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="eosink.connectors.postgres.sink")
     got: dict[bool, Any] = {}
     for native in (True, False):
         copy_native.enabled = native
+        caplog.clear()
         try:
             table = f"{unique}_{'c' if native else 'py'}"
             conf = {"table.name.format": table, "insert.mode": mode}
@@ -249,12 +252,25 @@ def test_a_sink_writes_encoded_rows_as_the_python_path_and_names_the_same_culpri
                 conf |= {"pk.mode": "record_value", "pk.fields": "id"}
             sink = make_sink(conf)
             topic = f"{unique}.o"
-            run(sink, f"{table}.w1.1.1", records(topic, VALUES[:10]), 4)  # a stream of dicts: rows offered after it
+            # A stream of dicts, then (once it has run) rows in the same transaction: the COPY switches to them.
+            sink.begin_transaction(f"{table}.w1.1.1")
+            first = records(topic, VALUES[:4])
+            sink.write(first)
+            later = fed(sink, topic, [json.dumps(v).encode() for v in VALUES[4:10]], 4)
+            assert all(type(row_of(r)) is bytes for r in later) == native
+            sink.write(later)
+            stream = sink._stream
+            assert stream is not None, "the stream went on"
+            assert (stream.shape.encoded is not None) == native, "the COPY switched to the encoded rows"
+            sink.pre_commit(manifest_for(f"{table}.w1.1.1", sink.connector, first + later))
+            sink.commit(f"{table}.w1.1.1")
+            assert not [r for r in caplog.records if "stream" in r.getMessage()], "every row streamed, none written again"
             raws = [json.dumps(v).encode() for v in VALUES[10:50]]
             recs = fed(sink, topic, raws, 10)
             assert all(type(r) is RowRecord for r in recs)
             assert all(type(row_of(r)) is bytes for r in recs) == native, "the C encoder's rows only where it is on"
             run(sink, f"{table}.w1.1.2", recs, 7)
+            assert not [r for r in caplog.records if "stream" in r.getMessage()], "every row streamed, none written again"
             assert all(type(r) is RowRecord for r in recs), "written without decoding a value"
             again = fed(sink, topic, [json.dumps({**v, "id": v["id"] % 5}).encode() for v in VALUES[50:60]], 50)
             run(sink, f"{table}.w1.1.3", again, 3)  # upsert: keys seen before (insert: duplicate ids)
