@@ -5,7 +5,8 @@ install (wheel and editable alike) as ``eosink.worker``, ``eosink.connectors`` a
 ``eosink.spark_jobs``: ``worker`` and ``connectors`` are other projects' names on PyPI.
 Everything else is declared in ``pyproject.toml``, but for the C extensions, both optional - without
 a C compiler the package installs without them and the same work is done in Python: the Spark
-publisher's produce loop (``spark_jobs/native``) and the worker's Avro row decoder (``worker/native``).
+publisher's produce loop (``spark_jobs/native``), the worker's Avro row decoder (``worker/native``) and the
+PostgreSQL sink's JSON-to-binary-COPY row encoder (``connectors/postgres/_copy_rows.c``).
 """
 
 import os
@@ -14,7 +15,9 @@ from setuptools import Extension, find_namespace_packages, setup
 
 ROOTS = ("worker", "connectors", "spark_jobs")
 NATIVE = {"eosink.spark_jobs.native._produce": "spark_jobs/native/produce.c",
-          "eosink.worker.native._avro_rows": "worker/native/_avro_rows.c"}
+          "eosink.worker.native._avro_rows": "worker/native/_avro_rows.c",
+          "eosink.worker.native._records": "worker/native/_records.c",
+          "eosink.connectors.postgres._copy_rows": "connectors/postgres/_copy_rows.c"}
 
 setup(
     # Namespace discovery, so the data-only folders (the jvm/ poms) are declared packages too: with plain

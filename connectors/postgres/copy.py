@@ -20,6 +20,7 @@ those values and names the offending line.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -35,6 +36,7 @@ from eosink.connectors.api.errors import ConfigError, RecordError
 from eosink.connectors.api.records import SinkRecord
 from eosink.connectors.postgres import schema as pgs
 from eosink.connectors.postgres import stage as pgstage
+from eosink.connectors.postgres.copy_native import Encoded
 from eosink.connectors.postgres.rejects import NeedsDDL, RowRejected, error_line, non_object_error, record_error
 from eosink.connectors.postgres.schema import ALLOWED, BINARY_KINDS, GENERATED, KAFKA_COLUMN_NAMES, Column, Table
 
@@ -95,6 +97,9 @@ class Shape:
     #: Rows are plain tuples of native values in column order (:mod:`eosink.connectors.postgres.native_rows`),
     #: and nothing else: a record holding another value ends the run.
     native: bool = False
+    #: Rows are ``bytes`` the C encoder wrote from the records' JSON (:mod:`eosink.connectors.postgres.copy_native`),
+    #: joined and written to a COPY of this shape as they are, by the streamed COPY only.
+    encoded: Encoded | None = None
 
     @classmethod
     def of(cls, table: Table, keys: tuple[str, ...], kafka: bool) -> Shape:
@@ -181,6 +186,10 @@ _ROW_TYPES: dict[str, Any] = {pgs.BOOL: bool | None, pgs.INT8: int | None, pgs.I
                               pgs.FLOAT: int | float | None, pgs.TEXT: str | None}
 
 
+#: What msgspec refuses in a renamed field's name (a column so named keeps its records on the dict path).
+_UNRENAMABLE = re.compile(r'[\\"\x00-\x1f]')
+
+
 def row_type(columns: Sequence[Column]) -> type[msgspec.Struct] | None:
     """A struct of exactly ``columns`` (in order, all required, no other field), each typed as the
     column's kind allows, or None. msgspec decodes a JSON object into it with the parser that decodes
@@ -189,7 +198,7 @@ def row_type(columns: Sequence[Column]) -> type[msgspec.Struct] | None:
     record it takes gives the row :func:`copy_rows` would have built from its dict, type checks done
     (about 0.3 us per 200-byte record less to decode, and less to free, than the dict; measured)."""
     types = [_ROW_TYPES.get(c.kind) for c in columns]
-    if any(t is None for t in types):
+    if any(t is None for t in types) or any(_UNRENAMABLE.search(c.name) for c in columns):
         return None
     fields = [(f"f{i}", t) for i, t in enumerate(types)]  # column names need not be identifiers
     return msgspec.defstruct("Row", fields, rename={f"f{i}": c.name for i, c in enumerate(columns)},

@@ -25,6 +25,7 @@ stream has run without a hitch, the sink offers the engine a row type for its ta
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,9 +35,10 @@ import psycopg
 from psycopg import Xid, sql
 
 from eosink.connectors.api.records import SinkRecord
-from eosink.connectors.api.rows import NativeRowTarget
+from eosink.connectors.api.rows import NativeRowTarget, RowRecord
 from eosink.connectors.api.sink import BatchingSink
 from eosink.connectors.postgres import copy as pgc
+from eosink.connectors.postgres import copy_native
 from eosink.connectors.postgres import schema as pgs
 from eosink.connectors.postgres import stage as pgstage
 from eosink.connectors.postgres.connection import PostgresConnections
@@ -56,6 +58,8 @@ class _Stream:
     shape: pgc.Shape
     closer: contextlib.ExitStack
     write_row: Callable[[tuple[Any, ...]], None]
+    #: The COPY's own ``write``: rows the C encoder wrote, joined (:mod:`eosink.connectors.postgres.copy_native`).
+    write: Callable[[bytes], None]
     conn: Any = None  # the connection of the open transaction (a COPY of another shape may follow in it)
     #: The values of the rows written, in order (the prepare's groups, without building them again): a
     #: slice that does not fit whole ends the stream, so there is a row for each of them.
@@ -93,9 +97,13 @@ class StreamingCopy(PostgresConnections, BatchingSink):
         """Decode JSON values straight into the streamed COPY's rows (see
         :class:`eosink.connectors.api.rows.RowDecoding`): the row type of the last stream's shape,
         which takes exactly the records that shape's COPY takes without a type check; any other
-        record keeps its dict, and is written or refused as ever. None until such a stream ran."""
+        record keeps its dict, and is written or refused as ever. None until such a stream ran.
+        Where the C encoder takes the shape, its ``encode`` instead: the row's binary COPY fields
+        (:mod:`eosink.connectors.postgres.copy_native`)."""
         shape = self._row_shape
-        return shape.decode if shape is not None and self._streams and self._tables.plain else None
+        if shape is None or not self._streams or not self._tables.plain:
+            return None
+        return shape.encoded.encode if shape.encoded is not None else shape.decode
 
     def native_row_target(self) -> NativeRowTarget | None:
         """Decode Avro values straight into native rows of the streamed COPY's columns (see
@@ -142,10 +150,15 @@ class StreamingCopy(PostgresConnections, BatchingSink):
             if len(self._batch) != len(records) or self._txn_id is None:
                 raise _NotStreamed("not at the start of a batch")
             shape = self._row_shape
-            if shape is not None and values[0].__class__ is shape.row_type:
+            if shape is not None and shape.encoded is not None and values[0].__class__ is bytes and recs[0].__class__ is RowRecord:
+                # Encoded by the last stream's C encoder: its table, unless the cache was re-read since.
+                if self._tables.cached(key) is not shape.table:
+                    raise _NotStreamed("the table was re-read since its rows were encoded")
+            elif shape is not None and values[0].__class__ is shape.row_type:
                 # Decoded into the last stream's rows: its table, unless the cache was re-read since.
                 if self._tables.cached(key) is not shape.table:
                     raise _NotStreamed("the table was re-read since its rows were decoded")
+                shape = dataclasses.replace(shape, encoded=None) if shape.encoded is not None else shape
             elif values[0].__class__ is tuple and self._native is not None:  # Avro values as native rows
                 shape = self._native[0]
                 if self._tables.cached(key) is not shape.table:
@@ -160,10 +173,20 @@ class StreamingCopy(PostgresConnections, BatchingSink):
             raise _NotStreamed("records for another table")
         elif values[0].__class__ is tuple and not st.shape.native and self._native is not None:
             self._switch_to_native(st, self._native[0])
+        elif values[0].__class__ is bytes and st.shape.encoded is None and recs[0].__class__ is RowRecord:
+            shape = self._row_shape
+            if shape is None or shape.encoded is None or shape.keys != st.shape.keys:
+                raise _NotStreamed("rows encoded for another shape")
+            self._switch_copy(st, shape)
         if self._tables.unverified(key, recs):  # a new schema version mid-cycle: its DDL runs before the prepare
             raise _NotStreamed("a writer's schema not yet checked against the table")
         ordinal = len(st.values) if st.stage is not None else None  # the stream starts with the batch
-        done = pgc.copy_rows(st.write_row, st.shape, recs, values, self.config["auto.evolve"], ordinal)
+        if st.shape.encoded is not None:  # one write of the slice's rows, or of those before the first it cannot take
+            blob, done = copy_native.join(st.shape.encoded, values, recs, ordinal)
+            if done:
+                st.write(blob)
+        else:
+            done = pgc.copy_rows(st.write_row, st.shape, recs, values, self.config["auto.evolve"], ordinal)
         st.values += values
         if done != len(recs):
             raise _NotStreamed("records of another shape")
@@ -200,13 +223,21 @@ class StreamingCopy(PostgresConnections, BatchingSink):
                     target, extra, types = stage, pgstage.ORDER, shape.types + pgstage.ORDER_TYPES
                 cp = opened.enter_context(cur.copy(shape.copy_statement(target, extra)))
                 cp.set_types(list(types))
+                if shape.encoded is not None:
+                    cp.write(copy_native.SIGNATURE)
                 closer = opened.pop_all()
         except BaseException:
             self._rollback_tx()
             raise
-        self._stream = _Stream(key, shape, closer, cp.write_row, conn=conn, stage=stage,
+        self._stream = _Stream(key, shape, closer, cp.write_row, cp.write, conn=conn, stage=stage,
                                merge=merge(stage) if merge is not None and stage is not None else [], direct=direct)
-        self._row_shape = shape if shape.row_type is not None else None
+        if shape.row_type is None:
+            self._row_shape = None
+        elif shape.encoded is None:  # rows next time: encoded in C where it takes the shape, else typed
+            encoded = copy_native.encoded(shape, utf8(conn))
+            self._row_shape = dataclasses.replace(shape, encoded=encoded) if encoded is not None else shape
+        else:
+            self._row_shape = shape
         if not shape.native:
             schema = recs[0].value_schema
             native = native_shape(shape.table, shape.keys, shape.kafka) if schema is not None and schema.format == "avro" else None
@@ -219,7 +250,14 @@ class StreamingCopy(PostgresConnections, BatchingSink):
         and the batch would otherwise be written again at prepare."""
         if self._tables.cached(st.key) is not shape.table or shape.keys != st.shape.keys or not utf8(st.conn):
             raise _NotStreamed("native rows of another table or shape, or a client encoding other than UTF-8")
-        st.closer.close()
+        self._switch_copy(st, shape)
+
+    def _switch_copy(self, st: _Stream, shape: pgc.Shape) -> None:
+        """End the open COPY (its rows stay in the transaction) and go on with a COPY of ``shape`` (native
+        rows, or rows the C encoder wrote) in the same transaction."""
+        if self._tables.cached(st.key) is not shape.table:
+            raise _NotStreamed("rows of a table re-read since")
+        _end_copy(st)
         with contextlib.ExitStack() as opened:
             cur = opened.enter_context(st.conn.cursor())
             if st.stage is None:
@@ -228,8 +266,10 @@ class StreamingCopy(PostgresConnections, BatchingSink):
             else:  # an upsert's stage: its rows go on with their order columns (copy_rows' ordinal)
                 cp = opened.enter_context(cur.copy(shape.copy_statement(st.stage, pgstage.ORDER)))
                 cp.set_types([*shape.types, *pgstage.ORDER_TYPES])
+            if shape.encoded is not None:
+                cp.write(copy_native.SIGNATURE)
             st.closer = opened.pop_all()
-        st.shape, st.write_row = shape, cp.write_row
+        st.shape, st.write_row, st.write = shape, cp.write_row, cp.write
 
     def _drop_stream(self) -> None:
         """Give up streaming for this txn: fail the COPY and roll the open transaction back."""
@@ -255,7 +295,7 @@ class StreamingCopy(PostgresConnections, BatchingSink):
             self._drop_stream()
             return None
         try:
-            st.closer.close()
+            _end_copy(st)
             if st.stage is not None:
                 self._merge(st)
         except Exception as exc:  # noqa: BLE001 - e.g. a row the server refused: written again, and named, at prepare
@@ -282,6 +322,13 @@ class StreamingCopy(PostgresConnections, BatchingSink):
                 row = cur.fetchone() if cur.description is not None else None
                 if row is not None and row[0]:
                     raise _NotStreamed("a record with a null key")
+
+
+def _end_copy(st: _Stream) -> None:
+    """Close the stream's COPY: psycopg ends a COPY of rows itself, one of joined rows needs its trailer."""
+    if st.shape.encoded is not None:
+        st.write(copy_native.TRAILER)
+    st.closer.close()
 
 
 def _keyed(table: pgs.Table, pk: list[str]) -> bool:

@@ -6,6 +6,7 @@ can drive the same commit cycle from an in-memory source.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -16,6 +17,7 @@ from eosink.connectors.api.errors import FatalError, RecordError, RetryableError
 from eosink.connectors.api.records import UNDECODED, LazyJsonRecord, SinkRecord, TopicPartition
 from eosink.connectors.api.rows import NativeRowTarget, RowRecord
 from eosink.connectors.common.jsoncodec import EnvelopeCutter
+from eosink.worker import native as native_records
 from eosink.worker.engine import gcpause
 from eosink.worker.engine.avro_rows import AvroRows
 from eosink.worker.engine.converters import CONVERTERS, REGISTRY_FORMATS, converter, json_checked, json_value
@@ -23,6 +25,8 @@ from eosink.worker.engine.kafka_errors import ConnectionWatch, authorization_err
 from eosink.worker.engine.progress import SourceProgress
 from eosink.worker.engine.stall import StallWatch
 
+#: SinkRecord's slots, in field order, for the C loop (worker/native/_records.c).
+_SLOTS = tuple(SinkRecord.__dict__[f.name] for f in dataclasses.fields(SinkRecord))
 #: A cycle carries at most this many failed records (they are listed in one ZooKeeper znode).
 MAX_FAILED_PER_BATCH = 1000
 
@@ -313,6 +317,10 @@ class KafkaSource(SourceProgress):
                 self._avro_rows = AvroRows(decode, native)
             rows, row_class = self._avro_rows, self._avro_rows.record_class
         row = rows() if rows is not None else None
+        # The C loop (worker/native/_records.c) where it builds exactly what the loop below would: a JSON
+        # value's row, no envelope, key or registry to handle.
+        fill = native_records.filler() if rows is not None and row_class is RowRecord and unwrap is None \
+            and decode_key is None and registry is None else None
         started = time.monotonic()
         deadline = started + timeout_s
         early = started + min_s if min_s is not None and min_s < timeout_s else None
@@ -355,7 +363,18 @@ class KafkaSource(SourceProgress):
                 del last[max(0, len(last) - len(msgs)):]
             if rows is not None:
                 row = rows()
-            for i, m in enumerate(msgs):
+            fast = fill if row is not None else None
+            i, n = 0, len(msgs)
+            while i < n:
+                if fast is not None:  # the records the row decoder takes, built in C; the first it does not take below
+                    i, nbytes, full = fast(msgs, i, row, out, row_class, _SLOTS, at_end, max_records, max_bytes, nbytes)
+                    if full:
+                        self._pending = msgs[i:]
+                        break
+                    if i >= n:
+                        break
+                m = msgs[i]
+                i += 1
                 err = m.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
@@ -405,7 +424,7 @@ class KafkaSource(SourceProgress):
                         batch.failed.append(FailedRecord(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
                                                          tuple(headers) if headers else (), m.timestamp()[1], error))
                         if len(batch.failed) >= MAX_FAILED_PER_BATCH:
-                            self._pending = msgs[i + 1:]
+                            self._pending = msgs[i:]
                             break  # the dead-letter manifest of one cycle stays small
                         continue
                     self._pending = []
@@ -430,7 +449,7 @@ class KafkaSource(SourceProgress):
                 if raw is not None:
                     nbytes += len(raw)
                 if len(out) >= max_records or nbytes >= max_bytes:
-                    self._pending = msgs[i + 1:]
+                    self._pending = msgs[i:]
                     break
             if batch.error is not None:
                 break  # everything before the bad record is delivered; nothing at or after it is

@@ -14,6 +14,12 @@ decoding the benchmark's record).
 
 Where it is not built (no C compiler at install) or ``EOSINK_AVRO_NATIVE=0`` (or :data:`enabled` set
 False, as tests do), :func:`program` returns None and the Python decoder runs as before.
+
+``_records.c`` is the source's per-record loop for values the only sink's row decoder takes
+(:meth:`eosink.worker.engine.source.KafkaSource.poll_batch`): the same records, built without a Python
+frame per message (the loop's bytecode and the dataclass ``__init__`` cost ~1 us a record, as much as
+everything else the worker does for it). :func:`filler` is None where it is not built or
+``EOSINK_SOURCE_NATIVE=0`` (or :data:`records_enabled` set False).
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ try:
     from eosink.worker.native import _avro_rows  # type: ignore[attr-defined]
 except ImportError:  # built without a C compiler: the generated Python decoder
     _avro_rows = None
+try:
+    from eosink.worker.native import _records  # type: ignore[attr-defined]
+except ImportError:  # built without a C compiler: the Python loop
+    _records = None
 
 ENV = "EOSINK_AVRO_NATIVE"
 #: Field kinds, as ``_avro_rows.c`` numbers them.
@@ -33,6 +43,16 @@ KINDS = {"long": 0, "int": 0, "boolean": 1, "double": 2, "string": 3, "bytes": 4
          "long/timestamp-millis": 6, "long/timestamp-micros": 7}
 #: Whether :func:`program` builds C decoders (read once from the environment; tests set it).
 enabled: bool = _avro_rows is not None and os.environ.get(ENV, "1") != "0"
+
+
+RECORDS_ENV = "EOSINK_SOURCE_NATIVE"
+#: Whether :func:`filler` gives the C loop (read once from the environment; tests set it).
+records_enabled: bool = _records is not None and os.environ.get(RECORDS_ENV, "1") != "0"
+
+
+def filler() -> Callable[..., tuple[int, int, bool]] | None:
+    """``_records.fill`` (see ``_records.c``), or None where it is not built or not enabled."""
+    return _records.fill if records_enabled and _records is not None else None
 
 
 def available() -> bool:
