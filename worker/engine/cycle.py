@@ -154,14 +154,17 @@ class CycleRunner(PartitionHolder):
                                           else s.commit_interval_s)
         flush_s = s.commit_interval_s
         min_s = min(s.commit_min_interval_s, RESUME_S) if resuming else s.commit_min_interval_s
+        # A caught-up batch of at least half a full one commits at once, however young: it makes no small
+        # file, and the last part of a backlog does not wait out a long commit.interval.ms.
+        fill = (max(1, s.max_records // 2), max(1, s.max_bytes // 2))
         if not stream:
             return self.source.poll_batch(s.max_records, s.max_bytes, flush_s,  # type: ignore[call-arg]
-                                          min_s=min_s)
+                                          min_s=min_s, min_fill=fill)
         # A sink that takes the records alone, untransformed, may have them decoded into its rows.
         only = self.fanout.sinks[0] if len(self.fanout.sinks) == 1 else None
         rows, native = getattr(only, "row_decoder", None), getattr(only, "native_row_target", None)
         return self.source.poll_batch(s.max_records, s.max_bytes, flush_s,  # type: ignore[call-arg]
-                                      min_s=min_s, on_chunk=self.fanout.write, rows=rows, native=native)
+                                      min_s=min_s, on_chunk=self.fanout.write, rows=rows, native=native, min_fill=fill)
 
     def _decide(self, txn_id: str, next_offsets: dict[TopicPartition, int]) -> CycleResult | None:
         """The single commit point. None when the txn is decided (the grants then hold the decision);
