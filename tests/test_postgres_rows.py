@@ -303,7 +303,7 @@ class _IncrementalSource(ListSource):
 
     def poll_batch(self, max_records: int, max_bytes: int, timeout_s: float, *, min_s: float | None = None,  # type: ignore[override]
                    on_chunk: Callable[[list[SinkRecord]], None] | None = None, rows: Any = None,
-                   native: Any = None) -> source.Batch:
+                   native: Any = None, min_fill: Any = None) -> source.Batch:
         self.offered.append(rows)
         batch = super().poll_batch(max_records, max_bytes, timeout_s)
         if on_chunk is not None and batch.records:

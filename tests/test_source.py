@@ -228,6 +228,28 @@ def test_a_poll_that_has_read_everything_ends_once_min_s_old_not_at_its_timeout(
         src.close()
 
 
+def test_a_caught_up_poll_holding_half_a_batch_ends_at_once_a_smaller_one_waits(stack, make_topic, unique):
+    """``min_fill``: the last part of a backlog, once read, ends the poll however young it is when it is at
+    least that large (records or bytes); a smaller one waits for ``min_s`` (here: the whole timeout)."""
+    topic = make_topic(partitions=2)
+    produce(stack.kafka_bootstrap, topic, [(i % 2, json.dumps({"id": i}).encode()) for i in range(600)])
+    tps = {TopicPartition(topic, 0): 0, TopicPartition(topic, 1): 0}
+    for fill, ends_early in (((500, 10**9), True), ((10**6, 5_000), True), ((700, 10**9), False)):
+        src = KafkaSource(unique, stack.kafka_bootstrap, value_converter="json")
+        try:
+            src.assign(tps)
+            t0 = time.monotonic()
+            batch = src.poll_batch(10_000, 10_000_000, 3.0, min_s=3.0, min_fill=fill)
+            took = time.monotonic() - t0
+            assert len(batch.records) == 600
+            if ends_early:
+                assert took < 2.5, f"min_fill={fill}: a caught-up poll of 600 records waited {took:.1f}s"
+            else:
+                assert took >= 2.9, f"min_fill={fill}: a poll of fewer records ended after {took:.1f}s"
+        finally:
+            src.close()
+
+
 def test_a_steady_trickle_of_transactions_still_ends_a_poll_early(stack, make_topic, unique):
     """librdkafka reports no end of partition when a fetch ends on a commit marker, so with a transaction
     committed every 100 ms the poll never saw an end event and waited out its whole timeout: every cycle

@@ -115,7 +115,9 @@ COMMON = (
             "are delivered sooner, and a trickle still makes at most one transaction per this long. >= "
             "commit.interval.ms: every cycle runs its full interval. Unset: 250 where every sink's transaction makes "
             "rows or requests (postgres, http, memory); commit.interval.ms where one makes a file, object or snapshot "
-            "(filesystem, s3, iceberg, a fanout holding one), which ending early at low traffic would make small.",
+            "(filesystem, s3, iceberg, a fanout holding one), which ending early at low traffic would make small. "
+            "A cycle that has read everything available and holds half of batch.max.records or batch.max.bytes "
+            "commits at once whatever this says.",
             validator=at_least(0))
     .define("batch.max.records", Type.INT, 200_000, "A cycle commits early once it holds this many records.", validator=at_least(1))
     .define("batch.max.bytes", Type.LONG, 64 * 1024 * 1024, "A cycle commits early once it holds this many value bytes.",

@@ -33,6 +33,9 @@ from eosink.worker.engine.source import Batch
 from eosink.worker.engine.types import Backoff, CycleOutcome, CycleResult, Prepared, TaskState
 from eosink.worker.transforms import TransformChain
 
+#: How long a new owner's first flushes last at least (see :meth:`CycleRunner._poll`).
+RESUME_S = 0.1
+
 
 class CycleRunner(PartitionHolder):
     """Commit cycles over the partitions held. A part of :class:`~eosink.worker.engine.task.SinkTask`,
@@ -88,20 +91,18 @@ class CycleRunner(PartitionHolder):
 
     def _prepare(self, txn_id: str) -> Prepared | CycleResult:
         """Begin, flush and prepare on every sink; any failure aborts them all (nothing is decided yet)."""
-        s = self.settings
         batch: Batch | None = None
         touched: frozenset[TopicPartition] = frozenset()
         try:
             self.fanout.begin(txn_id)
-            # Right after a handoff, flush what is there at once (in short flushes until the first
-            # records arrive, for at most one interval): the new owner resumes promptly.
+            # Right after a handoff, flush what is there at once (until the first records arrive, for at
+            # most one interval): the new owner resumes promptly.
             resuming = time.monotonic() < self._resuming_until
-            flush_s = min(s.commit_interval_s, 0.1) if resuming else s.commit_interval_s
             # Without transforms or a dead-letter sink the records go to the sinks as they are read (each
             # slice once, in order: ``write`` * n of the contract), so a sink can write while the rest is read.
             incremental = getattr(self.source, "incremental", False)
             streamed = incremental and self.transforms is None and self.dead_letter is None and not self._tolerance.poison
-            batch = self._poll(flush_s, incremental, streamed)
+            batch = self._poll(resuming, incremental, streamed)
             metrics.CONSUMED.labels(self.connector).inc(len(batch.records) + len(batch.failed))
             if batch.records:
                 self._resuming_until = 0.0
@@ -136,22 +137,34 @@ class CycleRunner(PartitionHolder):
                 return CycleResult(CycleOutcome.ABORTED, txn_id, error=exc, redo=True)
             return self._abort_cycle(txn_id, exc)
 
-    def _poll(self, flush_s: float, incremental: bool, stream: bool) -> Batch:
+    def _poll(self, resuming: bool, incremental: bool, stream: bool) -> Batch:
         """The cycle's records. An ``incremental`` source (one that can tell it has read everything
         available) ends the flush then, once the cycle is ``commit_min_interval_s`` old (not at once: a
         trickle would make a transaction per record); with ``stream`` it hands them to the sinks as it
-        reads them."""
+        reads them.
+
+        ``resuming`` (right after a handoff): an incremental source ends the flush once it has read
+        everything available and is :data:`RESUME_S` old, or holds a full batch - what is there, at
+        once. Other sources flush for :data:`RESUME_S`. (A fixed short flush cut a backlog into a
+        first transaction of whatever 0.1 s had read - 20,000 of 1M records, an extra small Iceberg
+        snapshot and data file - while an idle topic or a trickle ends as soon either way.)"""
         s = self.settings
         if not incremental:
-            return self.source.poll_batch(s.max_records, s.max_bytes, flush_s)
+            return self.source.poll_batch(s.max_records, s.max_bytes, min(s.commit_interval_s, RESUME_S) if resuming
+                                          else s.commit_interval_s)
+        flush_s = s.commit_interval_s
+        min_s = min(s.commit_min_interval_s, RESUME_S) if resuming else s.commit_min_interval_s
+        # A caught-up batch of at least half a full one commits at once, however young: it makes no small
+        # file, and the last part of a backlog does not wait out a long commit.interval.ms.
+        fill = (max(1, s.max_records // 2), max(1, s.max_bytes // 2))
         if not stream:
             return self.source.poll_batch(s.max_records, s.max_bytes, flush_s,  # type: ignore[call-arg]
-                                          min_s=s.commit_min_interval_s)
+                                          min_s=min_s, min_fill=fill)
         # A sink that takes the records alone, untransformed, may have them decoded into its rows.
         only = self.fanout.sinks[0] if len(self.fanout.sinks) == 1 else None
         rows, native = getattr(only, "row_decoder", None), getattr(only, "native_row_target", None)
         return self.source.poll_batch(s.max_records, s.max_bytes, flush_s,  # type: ignore[call-arg]
-                                      min_s=s.commit_min_interval_s, on_chunk=self.fanout.write, rows=rows, native=native)
+                                      min_s=min_s, on_chunk=self.fanout.write, rows=rows, native=native, min_fill=fill)
 
     def _decide(self, txn_id: str, next_offsets: dict[TopicPartition, int]) -> CycleResult | None:
         """The single commit point. None when the txn is decided (the grants then hold the decision);

@@ -273,12 +273,15 @@ class KafkaSource(SourceProgress):
     def poll_batch(self, max_records: int, max_bytes: int, timeout_s: float, *, min_s: float | None = None,
                    on_chunk: Callable[[list[SinkRecord]], None] | None = None,
                    rows: Callable[[], Callable[[bytes], Any] | None] | None = None,
-                   native: Callable[[], NativeRowTarget | None] | None = None) -> Batch:
+                   native: Callable[[], NativeRowTarget | None] | None = None,
+                   min_fill: tuple[int, int] | None = None) -> Batch:
         """Read up to ``max_records`` / ``max_bytes`` for at most ``timeout_s``.
 
         ``min_s``: return as soon as everything available has been read (:meth:`caught_up`) and the
         poll is at least this old - waiting out ``timeout_s`` for records that do not come only
-        delays them. ``on_chunk``: called with each slice of the batch's records (in order, every
+        delays them. ``min_fill`` (records, bytes): return as soon as everything available has been
+        read and the batch holds at least this many records or bytes, however young.
+        ``on_chunk``: called with each slice of the batch's records (in order, every
         record once) as they are decoded, so a sink can start writing while the rest is read. ``rows``:
         the only sink's ``row_decoder`` (:class:`eosink.connectors.api.rows.RowDecoding`), asked once
         per fetched slice; a JSON value it decodes becomes a :class:`RowRecord`, any other is decoded
@@ -286,7 +289,7 @@ class KafkaSource(SourceProgress):
         (:class:`eosink.connectors.api.rows.NativeRowDecoding`), used instead with ``value.converter=avro``."""
         gcpause.pause()
         try:
-            batch = self._poll_batch(max_records, max_bytes, timeout_s, min_s, on_chunk, rows, native)
+            batch = self._poll_batch(max_records, max_bytes, timeout_s, min_s, on_chunk, rows, native, min_fill)
             batch.fresh = True  # every record in it was decoded anew, for this batch alone
             return batch
         finally:
@@ -295,7 +298,8 @@ class KafkaSource(SourceProgress):
     def _poll_batch(self, max_records: int, max_bytes: int, timeout_s: float, min_s: float | None = None,
                     on_chunk: Callable[[list[SinkRecord]], None] | None = None,
                     rows: Callable[[], Callable[[bytes], Any] | None] | None = None,
-                    native: Callable[[], NativeRowTarget | None] | None = None) -> Batch:
+                    native: Callable[[], NativeRowTarget | None] | None = None,
+                    min_fill: tuple[int, int] | None = None) -> Batch:
         from confluent_kafka import KafkaError
 
         if self._commit_refused is not None:
@@ -340,11 +344,13 @@ class KafkaSource(SourceProgress):
                 remaining = deadline - now
                 if remaining <= 0 or not self._assigned or self.interrupt.is_set():
                     break
-                if early is not None and self.caught_up():
-                    if now >= early and polled:
+                full = min_fill is not None and bool(out) and (len(out) >= min_fill[0] or nbytes >= min_fill[1])
+                if (early is not None or full) and self.caught_up():
+                    if polled and (full or (early is not None and now >= early)):
                         break  # everything available is read: commit it now
                     # (At least one fetch first: "caught up" dates from the last poll, records may have come since.)
-                    remaining = min(remaining, max(early - now, 0.01))
+                    if early is not None:
+                        remaining = min(remaining, max(early - now, 0.01))
                 # Short slices, so a stop or a new assignment ends the flush within ~0.1 s.
                 want = FIRST_CHUNK_RECORDS if first and on_chunk is not None else self.fetch_batch
                 msgs = self.consumer.consume(num_messages=min(want, max_records - len(out)),
