@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from eosink.connectors.api.errors import CommitStateUnknownError, FatalError, RecordError, RetryableError
 from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
 from eosink.connectors.memory import MemorySink
+from eosink.worker.engine.batch import Batch
 from eosink.worker.engine.decision import MemoryDecisionLog
-from eosink.worker.engine.source import Batch
 
 
 class ListSource:

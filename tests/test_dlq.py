@@ -17,8 +17,8 @@ from eosink.connectors import memory
 from eosink.connectors.api.errors import RecordError, RetryableError
 from eosink.connectors.api.records import SinkRecord, TopicPartition, TxnManifest
 from eosink.connectors.memory import MemorySink
+from eosink.worker.engine.batch import Batch, FailedRecord
 from eosink.worker.engine.decision import MemoryDecisionLog
-from eosink.worker.engine.source import Batch, FailedRecord
 from eosink.worker.engine.task import SinkTask
 from eosink.worker.engine.types import CycleOutcome, TaskSettings, TaskState
 from tests.fakes import ListSource

@@ -30,7 +30,7 @@ from eosink.connectors.common import jsoncodec
 from eosink.connectors.postgres import copy as pgc
 from eosink.connectors.postgres import schema as pgs
 from eosink.connectors.postgres.sink import PostgresSink
-from eosink.worker.engine import source
+from eosink.worker.engine.batch import Batch
 from eosink.worker.engine.decision import MemoryDecisionLog
 from eosink.worker.engine.source import KafkaSource
 from eosink.worker.engine.task import SinkTask
@@ -274,7 +274,7 @@ def test_the_source_decodes_into_the_offered_rows_and_still_names_what_it_cannot
         src.assign({TopicPartition(topic, 0): 0})
         got: list[SinkRecord] = []
         deadline = time.monotonic() + 30
-        batch = source.Batch()
+        batch = Batch()
         while len(got) < 5 and batch.error is None and time.monotonic() < deadline:
             batch = src.poll_batch(10_000, 10_000_000, 1.0, min_s=0.0, rows=rows)
             got += batch.records
@@ -303,7 +303,7 @@ class _IncrementalSource(ListSource):
 
     def poll_batch(self, max_records: int, max_bytes: int, timeout_s: float, *, min_s: float | None = None,  # type: ignore[override]
                    on_chunk: Callable[[list[SinkRecord]], None] | None = None, rows: Any = None,
-                   native: Any = None, min_fill: Any = None) -> source.Batch:
+                   native: Any = None, min_fill: Any = None) -> Batch:
         self.offered.append(rows)
         batch = super().poll_batch(max_records, max_bytes, timeout_s)
         if on_chunk is not None and batch.records:

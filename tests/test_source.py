@@ -16,6 +16,7 @@ from eosink.connectors.api.errors import RecordError
 from eosink.connectors.api.records import LazyJsonRecord, SinkRecord, TopicPartition
 from eosink.connectors.api.rows import RowRecord, row_of
 from eosink.worker.engine import gcpause, source
+from eosink.worker.engine.batch import Batch
 from eosink.worker.engine.source import KafkaSource
 from tests.restkit import produce
 
@@ -83,8 +84,8 @@ def _source(unique: str, bootstrap: str, deferred: bool, **kw) -> KafkaSource:
     return src
 
 
-def _poll_all(src: KafkaSource, n: int) -> source.Batch:
-    out = source.Batch()
+def _poll_all(src: KafkaSource, n: int) -> Batch:
+    out = Batch()
     deadline = time.monotonic() + 30
     while len(out.records) + len(out.failed) < n and out.error is None and time.monotonic() < deadline:
         b = src.poll_batch(10_000, 10_000_000, 1.0)

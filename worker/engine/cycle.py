@@ -24,12 +24,12 @@ from eosink.connectors.api.records import TopicPartition, TxnManifest
 from eosink.connectors.api.sink import TwoPhaseCommitSink
 from eosink.worker import metrics
 from eosink.worker.engine import gcpause
+from eosink.worker.engine.batch import Batch
 from eosink.worker.engine.decision import PartitionsFenced, Settlement, settle_unknown
 from eosink.worker.engine.fanout import SinkFanout
 from eosink.worker.engine.faults import FAULTS
 from eosink.worker.engine.holding import PartitionHolder
 from eosink.worker.engine.ranges import check_not_behind, txn_ranges
-from eosink.worker.engine.source import Batch
 from eosink.worker.engine.types import Backoff, CycleOutcome, CycleResult, Prepared, TaskState
 from eosink.worker.transforms import TransformChain
 

@@ -61,9 +61,9 @@ from eosink.connectors.api.records import SinkRecord, TxnManifest
 from eosink.connectors.api.sink import TwoPhaseCommitSink
 from eosink.worker import metrics
 from eosink.worker.engine import deadletter_manifest
+from eosink.worker.engine.batch import FailedRecord
 from eosink.worker.engine.deadletter_manifest import DeadLetterManifests
 from eosink.worker.engine.deadletter_writer import DeadLetterWriter
-from eosink.worker.engine.source import FailedRecord
 from eosink.worker.logging import get_logger
 
 log = get_logger("eosink.worker.engine.deadletter")

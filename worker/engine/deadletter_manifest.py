@@ -16,7 +16,7 @@ from typing import Any
 from eosink.connectors.api.errors import FatalError, RetryableError
 from eosink.connectors.api.records import TxnManifest
 from eosink.worker import paths
-from eosink.worker.engine.source import FailedRecord
+from eosink.worker.engine.batch import FailedRecord
 
 COMPONENT = "dead-letter"
 #: The largest dead-letter manifest written to ZooKeeper (its default jute.maxbuffer is 1 MiB).

@@ -16,11 +16,11 @@ from typing import Any
 from eosink.connectors.api.errors import EosinkError, Outcome, outcome_of
 from eosink.connectors.api.records import TopicPartition
 from eosink.connectors.api.sink import TwoPhaseCommitSink
+from eosink.worker.engine.batch import RecordSource
 from eosink.worker.engine.decision import DecisionLog, Grant
 from eosink.worker.engine.fanout import SinkFanout
 from eosink.worker.engine.faults import FAULTS
 from eosink.worker.engine.recovery import recover
-from eosink.worker.engine.source import RecordSource
 from eosink.worker.engine.tolerance import Tolerance
 from eosink.worker.engine.types import TaskSettings, TaskState, Unresolved
 

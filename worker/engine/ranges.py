@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from eosink.connectors.api.errors import RetryableError
 from eosink.connectors.api.records import PartitionRange, SinkRecord, TopicPartition
 from eosink.worker import metrics
+from eosink.worker.engine.batch import FailedRecord
 from eosink.worker.engine.decision import Grant
-from eosink.worker.engine.source import FailedRecord
 
 _topic_partition = operator.attrgetter("topic", "partition")
 

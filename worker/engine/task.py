@@ -19,10 +19,10 @@ from eosink.connectors.api.records import TopicPartition
 from eosink.connectors.api.sink import TwoPhaseCommitSink
 from eosink.worker import metrics
 from eosink.worker.engine import snapshot
+from eosink.worker.engine.batch import RecordSource
 from eosink.worker.engine.cycle import CycleRunner
 from eosink.worker.engine.decision import DecisionLog
 from eosink.worker.engine.fanout import SinkFanout
-from eosink.worker.engine.source import RecordSource
 from eosink.worker.engine.tolerance import RetryTimeout, Tolerance
 from eosink.worker.engine.types import Backoff, CycleOutcome, CycleResult, TaskSettings, TaskState, TaskStatus
 from eosink.worker.logging import get_logger

@@ -34,8 +34,8 @@ from eosink.connectors.api.errors import (
 from eosink.connectors.api.records import SinkRecord, TopicPartition
 from eosink.connectors.api.sink import TwoPhaseCommitSink
 from eosink.worker import metrics
+from eosink.worker.engine.batch import Batch, FailedRecord
 from eosink.worker.engine.decision import Grant
-from eosink.worker.engine.source import Batch, FailedRecord
 from eosink.worker.engine.types import CycleOutcome, CycleResult, TaskSettings
 from eosink.worker.transforms import STAGE, TransformChain, TransformError
 

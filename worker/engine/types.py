@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from eosink.connectors.api.records import SinkRecord, TopicPartition
-from eosink.worker.engine.source import Batch
+from eosink.worker.engine.batch import Batch
 
 
 class TaskState(str, enum.Enum):
