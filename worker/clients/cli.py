@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import signal
 import sys
 import threading
@@ -142,6 +143,26 @@ def _rest_tls(args: argparse.Namespace) -> object | None:
     return ctx
 
 
+def _stop_on_signals(stop: threading.Event, signals: tuple[int, ...]) -> None:
+    """Set ``stop`` when one of ``signals`` arrives, from a thread of its own.
+
+    A Python signal handler runs on the main thread between two bytecodes, also inside another
+    handler. ``Event.set`` takes the event's lock, so when a second SIGTERM (a shell's ``kill`` and its
+    EXIT trap, an orchestrator repeating itself) landed while the first handler held it, the second
+    handler waited for that lock forever and the worker hung, holding its REST port. The handler now
+    only puts the signal on a ``SimpleQueue``, whose ``put`` is reentrant; a thread sets the event.
+    """
+    arrived: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def relay() -> None:
+        arrived.get()
+        stop.set()
+
+    threading.Thread(target=relay, name="signals", daemon=True).start()
+    for sig in signals:
+        signal.signal(sig, lambda signum, _frame: arrived.put(signum))
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from eosink.worker.clients import zk_auth
     from eosink.worker.control.rest.auth import RestAuth
@@ -194,8 +215,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
         start_http_server(args.metrics_port, addr=args.metrics_host)
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    _stop_on_signals(stop, (signal.SIGTERM, signal.SIGINT))
     worker = Worker(opts)
     worker.run(stop)
     return 0
