@@ -175,7 +175,7 @@ class StreamingCopy(PostgresConnections, BatchingSink):
             self._switch_to_native(st, self._native[0])
         elif values[0].__class__ is bytes and st.shape.encoded is None and recs[0].__class__ is RowRecord:
             shape = self._row_shape
-            if shape is None or shape.encoded is None or shape.keys != st.shape.keys:
+            if shape is None or shape.encoded is None:
                 raise _NotStreamed("rows encoded for another shape")
             self._switch_copy(st, shape)
         if self._tables.unverified(key, recs):  # a new schema version mid-cycle: its DDL runs before the prepare
@@ -248,15 +248,15 @@ class StreamingCopy(PostgresConnections, BatchingSink):
         """End the open COPY (its rows stay in the transaction) and go on with a binary COPY of native rows
         in the same transaction: the engine decodes into them from the first slice after the stream opened,
         and the batch would otherwise be written again at prepare."""
-        if self._tables.cached(st.key) is not shape.table or shape.keys != st.shape.keys or not utf8(st.conn):
-            raise _NotStreamed("native rows of another table or shape, or a client encoding other than UTF-8")
+        if not utf8(st.conn):
+            raise _NotStreamed("native rows need a UTF-8 client encoding")
         self._switch_copy(st, shape)
 
     def _switch_copy(self, st: _Stream, shape: pgc.Shape) -> None:
         """End the open COPY (its rows stay in the transaction) and go on with a COPY of ``shape`` (native
-        rows, or rows the C encoder wrote) in the same transaction."""
-        if self._tables.cached(st.key) is not shape.table:
-            raise _NotStreamed("rows of a table re-read since")
+        rows, or rows the C encoder wrote) in the same transaction: the same table, as last read, and keys."""
+        if self._tables.cached(st.key) is not shape.table or shape.keys != st.shape.keys:
+            raise _NotStreamed("rows of another table or shape, or of a table re-read since")
         _end_copy(st)
         with contextlib.ExitStack() as opened:
             cur = opened.enter_context(st.conn.cursor())

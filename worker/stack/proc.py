@@ -21,11 +21,11 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
+from eosink.worker.stack.layout import HOST
+
 # Servers started by this Python process, by pid: lets liveness checks reap our own exited
 # children (a zombie still has a /proc entry) and report their exit codes.
 _children: dict[int, subprocess.Popen[bytes]] = {}
-
-HOST_DEFAULT = "127.0.0.1"
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -215,7 +215,7 @@ def _ephemeral_low() -> int:
 FREE_PORT_FLOOR = 20000
 
 
-def free_port_block(count: int = 1, host: str = HOST_DEFAULT) -> int:
+def free_port_block(count: int = 1, host: str = HOST) -> int:
     """The first of ``count`` consecutive ports on ``host`` that nothing holds now.
 
     Chosen below the kernel's ephemeral range on purpose: a port picked by binding to port 0 comes
@@ -231,7 +231,7 @@ def free_port_block(count: int = 1, host: str = HOST_DEFAULT) -> int:
     raise OSError(errno.EADDRINUSE, f"no {count} consecutive free ports on {host} in {FREE_PORT_FLOOR}..{high}")
 
 
-def free_port(host: str = HOST_DEFAULT) -> int:
+def free_port(host: str = HOST) -> int:
     """One free port for a server about to start (see :func:`free_port_block`)."""
     return free_port_block(1, host)
 
