@@ -3,10 +3,11 @@
 ``worker/``, ``connectors/`` and ``spark_jobs/`` stay where the product's layout puts them, but
 install (wheel and editable alike) as ``eosink.worker``, ``eosink.connectors`` and
 ``eosink.spark_jobs``: ``worker`` and ``connectors`` are other projects' names on PyPI.
-Everything else is declared in ``pyproject.toml``, but for the C extensions, both optional - without
+Everything else is declared in ``pyproject.toml``, but for the C extensions, all optional - without
 a C compiler the package installs without them and the same work is done in Python: the Spark
 publisher's produce loop (``spark_jobs/native``), the worker's Avro row decoder (``worker/native``) and the
-PostgreSQL sink's JSON-to-binary-COPY row encoder (``connectors/postgres/_copy_rows.c``).
+PostgreSQL sink's JSON-to-binary-COPY row encoder (``connectors/postgres/_copy_rows.c``) and the JSON
+Lines body of values copied from the topic (``connectors/common/_jsonlines.c``).
 """
 
 import os
@@ -17,7 +18,8 @@ ROOTS = ("worker", "connectors", "spark_jobs")
 NATIVE = {"eosink.spark_jobs.native._produce": "spark_jobs/native/produce.c",
           "eosink.worker.native._avro_rows": "worker/native/_avro_rows.c",
           "eosink.worker.native._records": "worker/native/_records.c",
-          "eosink.connectors.postgres._copy_rows": "connectors/postgres/_copy_rows.c"}
+          "eosink.connectors.postgres._copy_rows": "connectors/postgres/_copy_rows.c",
+          "eosink.connectors.common._jsonlines": "connectors/common/_jsonlines.c"}
 
 setup(
     # Namespace discovery, so the data-only folders (the jvm/ poms) are declared packages too: with plain
