@@ -7,7 +7,7 @@ Everything else is declared in ``pyproject.toml``, but for the C extensions, all
 a C compiler the package installs without them and the same work is done in Python: the Spark
 publisher's produce loop (``spark_jobs/native``), the worker's Avro row decoder (``worker/native``) and the
 PostgreSQL sink's JSON-to-binary-COPY row encoder (``connectors/postgres/_copy_rows.c``) and the JSON
-Lines body of values copied from the topic (``connectors/common/_jsonlines.c``).
+Lines body of values copied from the topic (``connectors/common/_batches.c``).
 """
 
 import os
@@ -19,7 +19,7 @@ NATIVE = {"eosink.spark_jobs.native._produce": "spark_jobs/native/produce.c",
           "eosink.worker.native._avro_rows": "worker/native/_avro_rows.c",
           "eosink.worker.native._records": "worker/native/_records.c",
           "eosink.connectors.postgres._copy_rows": "connectors/postgres/_copy_rows.c",
-          "eosink.connectors.common._jsonlines": "connectors/common/_jsonlines.c"}
+          "eosink.connectors.common._batches": "connectors/common/_batches.c"}
 
 setup(
     # Namespace discovery, so the data-only folders (the jvm/ poms) are declared packages too: with plain

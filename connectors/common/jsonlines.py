@@ -9,31 +9,24 @@ a memchr over the values joined (``values``) or one ``in`` per record inside a l
 anyway (``envelopes``): the common case pays almost nothing.
 
 ``values`` of records read undecoded (:class:`LazyJsonRecord`, the topic's bytes: what a sink that
-only copies the values gets) is joined in C where the extension is built (``_jsonlines.c``): one
-pass over the records, then the copy and the line-break search with the GIL released, so the
-request threads of an S3 prepare run meanwhile. Any other batch, or one with a line break, takes
-the Python path below; ``EOSINK_JSONL_NATIVE=0`` (or :data:`native` set None) turns the C join off.
+only copies the values gets) is joined in C where the extension is built
+(:mod:`.batches_native`): one pass over the records, then the copy and the line-break search with
+the GIL released, so the request threads of an S3 prepare run meanwhile. Any other batch, or one
+with a line break, takes the Python path below (as does every batch with :data:`native` set None).
 """
 
 from __future__ import annotations
 
 import json
 import operator
-import os
 from collections.abc import Sequence
 from json.encoder import encode_basestring_ascii
 
 from eosink.connectors.api.records import LazyJsonRecord, SinkRecord, json_document, key_json, values_of_types
-from eosink.connectors.common import jsoncodec
+from eosink.connectors.common import batches_native, jsoncodec
 
-try:
-    from eosink.connectors.common import _jsonlines  # type: ignore[attr-defined]
-except ImportError:  # built without a C compiler: the Python path
-    _jsonlines = None
-
-ENV = "EOSINK_JSONL_NATIVE"
-#: ``_jsonlines.join`` (see the module doc), or None where it is not built or not enabled (tests set it).
-native = _jsonlines.join if _jsonlines is not None and os.environ.get(ENV, "1") != "0" else None
+#: The C join (see the module doc), or None where it is not built or not enabled (tests set it).
+native = batches_native.join
 #: The slot the C join reads (``SinkRecord`` is a dataclass with slots: a member descriptor).
 _RAW_SLOT = SinkRecord.__dict__["raw_value"]
 

@@ -22,9 +22,13 @@ import time
 from collections.abc import Callable, Sequence
 
 from eosink.connectors.api.records import SinkRecord
+from eosink.connectors.common import batches_native
 
 COMPONENT = "s3"
 TP = tuple[str, int]
+#: The C loop of :func:`group` (:mod:`eosink.connectors.common.batches_native`), or None (tests set it).
+native_group = batches_native.group
+_TOPIC, _PARTITION = SinkRecord.__dict__["topic"], SinkRecord.__dict__["partition"]
 
 
 class Staging:
@@ -61,11 +65,16 @@ def group(records: Sequence[SinkRecord]) -> dict[TP, list[SinkRecord]]:
     """The records per (topic, partition), each list in the order given.
 
     A loop of one dict lookup per record: the usual slice has one topic, and then the lookup is
-    by the partition number alone (no tuple built and hashed per record: half the time).
+    by the partition number alone (no tuple built and hashed per record: half the time). In C
+    where the extension is built (under half the time: one lookup per run of a partition), else the same loop in Python.
     """
     if not records:
         return {}
     topic = records[0].topic
+    if native_group is not None:
+        by_partition = native_group(records if isinstance(records, list) else list(records), _TOPIC, _PARTITION)
+        if by_partition is not None:
+            return {(topic, p): g for p, g in by_partition.items()}
     by_p: dict[int, list[SinkRecord]] = {}
     get = by_p.get
     for rec in records:

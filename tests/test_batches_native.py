@@ -1,8 +1,10 @@
-"""The C join of JSON Lines bodies (``_jsonlines.c``) writes exactly the Python path's bytes, or leaves it to it.
+"""The C loops of batching sinks (``_batches.c``) give exactly the Python paths' results, or leave the batch to them.
 
 Batches of undecoded records (``LazyJsonRecord``, the topic's bytes) are joined in C; a value with a line
 break, a record of another class or a raw slot that is not bytes anywhere in the batch makes the C join
-answer None, and the Python path then re-encodes, converts or refuses the value as it always did.
+answer None, and the Python path then re-encodes, converts or refuses the value as it always did. The
+records of a slice are grouped per partition in C, in their order; a slice of several topics is left
+to the Python grouping by (topic, partition).
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from hypothesis import strategies as st
 from eosink.connectors.api.errors import RecordError
 from eosink.connectors.api.records import LazyJsonRecord, SinkRecord
 from eosink.connectors.common import jsonlines
+from eosink.connectors.s3 import staging
 from tests.test_lazy_json import decoded, lazy
 
-pytestmark = pytest.mark.skipif(jsonlines.native is None, reason="the C extension is not built")
+pytestmark = pytest.mark.skipif(jsonlines.native is None or staging.native_group is None,
+                                reason="the C extension is not built")
 
 
 @pytest.fixture
@@ -96,3 +100,32 @@ def test_the_join_refuses_a_descriptor_that_is_not_the_records_slot() -> None:
     assert jsonlines.native is not None
     with pytest.raises(TypeError):
         jsonlines.native([[lazy(0, b"{}")]], LazyJsonRecord, SinkRecord.__dict__["tp"])
+
+
+def python_group(records: list[SinkRecord]) -> dict[tuple[str, int], list[SinkRecord]]:
+    native, staging.native_group = staging.native_group, None
+    try:
+        return staging.group(records)
+    finally:
+        staging.native_group = native
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["t", "u"]), st.sampled_from([0, 1, 7, 1000, 2**40])), max_size=40),
+       st.booleans())
+def test_the_c_grouping_gives_the_python_groups_in_order_for_any_slice(coords: list[tuple[str, int]], one_topic: bool) -> None:
+    records = [SinkRecord("t" if one_topic else t, int(str(p)), i, None, {}, b"{}") for i, (t, p) in enumerate(coords)]
+    records[::3] = [lazy(r.offset, b"{}") for r in records[::3]]  # the class of a record read undecoded
+    for r in records[::3]:
+        r.topic = "t"
+    groups = staging.group(records)
+    assert groups == python_group(records)
+    assert [list(g) for g in groups.values()] == [list(g) for g in python_group(records).values()]  # same order
+    assert sorted(r.offset for g in groups.values() for r in g) == list(range(len(records)))
+
+
+def test_a_slice_of_two_topics_is_left_to_the_python_grouping() -> None:
+    records = [SinkRecord("t", 0, 0, None, {}, b"{}"), SinkRecord("u", 0, 1, None, {}, b"{}")]
+    assert staging.native_group is not None
+    assert staging.native_group(records, staging._TOPIC, staging._PARTITION) is None
+    assert staging.group(records) == {("t", 0): records[:1], ("u", 0): records[1:]}
