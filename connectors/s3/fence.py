@@ -74,9 +74,15 @@ class EpochFence:
             raise FatalError(f"s3://{self.bucket.name}/{key} holds {got[0][:40]!r}, not an epoch number",
                              component=COMPONENT) from None
 
+    def stored_at_least(self, tp: TopicPartition, epoch: int) -> bool:
+        """Whether the partition's stored epoch is known to be ``epoch`` or newer: then a commit has
+        nothing to raise there (the usual cycle, once its owner's first commit raised it), and no
+        request or thread of the pool is spent on it."""
+        return self._epochs.get(tp, -1) >= epoch
+
     def raise_epoch(self, tp: TopicPartition, epoch: int) -> None:
         """Compare-and-set the epoch object to ``max(stored, epoch)``; never lowers it."""
-        if self._epochs.get(tp, -1) >= epoch:
+        if self.stored_at_least(tp, epoch):
             return
         key = self.layout.epoch_key(tp)
         fenced = self._fenced.pop(tp, None)  # what this prepare's fence saw: a stale one only loses the CAS

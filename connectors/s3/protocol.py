@@ -202,7 +202,8 @@ class MultipartTxns:
 
     def _complete_all(self, prepared: Prepared) -> None:
         txn = prepared.manifest.txn_id
-        epochs = [self._small.submit(self.fence.raise_epoch, r.tp, r.epoch) for r in prepared.manifest.ranges]
+        epochs = [self._small.submit(self.fence.raise_epoch, r.tp, r.epoch) for r in prepared.manifest.ranges
+                  if not self.fence.stored_at_least(r.tp, r.epoch)]
         completes = [self._data.submit(self._complete, txn, s) for s in prepared.staged]
         inflight: list[Future[Any]] = [*completes, *epochs]
         wait(inflight)
