@@ -136,9 +136,9 @@ class MultipartTxns:
         try:
             try:
                 # Every body before the first part goes out (the creates are in flight meanwhile):
-                # encoding is CPU under the GIL, and run beside uploads it waits for their threads
-                # (2-3x longer; measured), delaying the last object's upload by more than encoding
-                # them all first does.
+                # what encoding holds the GIL for (all of it for Parquet, the pass over the records
+                # for JSON Lines) would otherwise wait for the upload threads, delaying the last
+                # object's upload by more than encoding them all first does.
                 made = bodies()
                 for key, create, r, data in zip(keys, creates, manifest.ranges, made, strict=True):
                     n = max(1, math.ceil(len(data) / self.part_size))

@@ -2,13 +2,12 @@
 
 The engine hands a sink its batch in slices while it is still reading the rest (``write`` * n,
 ``CHUNK_RECORDS`` in ``eosink.worker.engine.source``). ``write`` only groups each slice by
-partition (a dict lookup per record); the objects' bodies - JSON Lines or Parquet - are encoded by
-the prepare, once its CreateMultipartUploads are on their way (:mod:`.protocol`): nothing can be
-uploaded before them, so encoding while their round trips run takes that CPU off the cycle's
-critical path, where encoding in ``write`` sat wholly on it. Against the multipart floor (JSON
-Lines, six runs alternating both ways cycle by cycle), encoding here was ahead in five, by ~8
-points of the floor as the median, for ~5 ms more client CPU per 12 MB cycle: the encoding shares
-the GIL with the creates' threads.
+partition (:func:`group`, a C loop where the extension is built); the objects' bodies - JSON Lines
+or Parquet - are encoded by the prepare, once its CreateMultipartUploads are on their way
+(:mod:`.protocol`): nothing can be uploaded before them, so encoding while their round trips run
+takes that work off the cycle's critical path, where encoding in ``write`` sat wholly on it. A JSON
+Lines body of undecoded records is joined in C with the GIL released for the copy
+(:mod:`eosink.connectors.common.jsonlines`), so the creates' threads are not kept waiting for it.
 
 Nothing is uploaded from here: an object's key ends in its last offset (deterministic final keys,
 see :mod:`.protocol`), which only the manifest at ``pre_commit`` knows, and S3 fixes a multipart
@@ -66,7 +65,8 @@ def group(records: Sequence[SinkRecord]) -> dict[TP, list[SinkRecord]]:
 
     A loop of one dict lookup per record: the usual slice has one topic, and then the lookup is
     by the partition number alone (no tuple built and hashed per record: half the time). In C
-    where the extension is built (under half the time: one lookup per run of a partition), else the same loop in Python.
+    where the extension is built (under half the time again: one lookup per run of a partition),
+    else the same loop in Python.
     """
     if not records:
         return {}
