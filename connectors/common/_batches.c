@@ -46,9 +46,9 @@ static PyObject *group(PyObject *mod, PyObject *args) {
     if (t_off < 0 || p_off < 0) return NULL;
     PyObject *out = PyDict_New();
     if (out == NULL) return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(records);
     PyObject *topic = NULL, *last_p = NULL, *last_g = NULL;  /* borrowed: the records and `out` hold them */
-    for (Py_ssize_t i = 0; i < n; i++) {
+    /* The size read on every step (an append may run the garbage collector): never past the list's end. */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(records); i++) {
         PyObject *r = PyList_GET_ITEM(records, i);
         if (!PyObject_TypeCheck(r, base)) goto python;
         PyObject *t = SLOT(r, t_off), *p = SLOT(r, p_off);
