@@ -274,6 +274,31 @@ def test_crash_after_the_first_complete_is_finished_by_a_retried_commit_or_by_re
     make_sink().commit(f"{unique}.w.1.1")
 
 
+def test_complete_refused_as_invalid_part_while_the_upload_lists_its_parts_is_retried_not_fatal(
+        make_sink, client, bucket, unique):
+    """MinIO answers InvalidPart for a complete retried after it restarted mid-complete (and
+    transiently for parts it has stored). A decided txn whose upload still lists its parts must stay
+    committable: the commit is retryable, and the retry - the server answering again - makes the
+    object once. (A FatalError here stopped the task with the batch prepared and never delivered.)"""
+    import dataclasses
+
+    sink = make_sink()
+    prepare(sink, f"{unique}.w.1.1", records("t", [{"n": 1}, {"n": 2}]))
+    prepared = sink.txns._prepared[f"{unique}.w.1.1"]
+    good = prepared.staged[0]
+    refused = dataclasses.replace(good, parts=tuple((n, '"' + "0" * 32 + '"') for n, _ in good.parts))
+    sink.txns._prepared[f"{unique}.w.1.1"] = dataclasses.replace(prepared, staged=(refused,))
+    with pytest.raises(RetryableError, match=r"InvalidPart\) while the upload lists 1 part") as err:
+        sink.commit(f"{unique}.w.1.1")
+    assert f"s3://{bucket}/{good.key}" in str(err.value)
+    assert visible(client, bucket, unique) == {} and open_uploads(client, bucket) == [good.key]
+    sink.txns._prepared[f"{unique}.w.1.1"] = prepared  # the server answers the same parts again
+    sink.commit(f"{unique}.w.1.1")
+    sink.close()
+    assert visible(client, bucket, unique) == {good.key: b'{"n": 1}\n{"n": 2}\n'}
+    assert keys(client, bucket, "__pending__/") == [] and open_uploads(client, bucket) == []
+
+
 def test_upload_aborted_before_commit_is_fatal_naming_the_lifecycle_rule_and_abort_still_tidies(
         make_sink, client, bucket, unique):
     """What a bucket lifecycle rule AbortIncompleteMultipartUpload does to a txn prepared longer

@@ -42,6 +42,9 @@ ACTIONS: dict[str, str] = {
 }
 #: "Not there" answers (HEAD has no body, so its code is the bare status; NoSuchBucket is not one).
 MISSING = frozenset({"NoSuchKey", "NoSuchUpload", "404"})
+#: A complete refused for its parts: MinIO answers so for a complete retried after a restart mid-complete,
+#: and transiently for parts it stored (the caller checks the object and the upload before believing it).
+STALE_PARTS = frozenset({"InvalidPart"})
 #: A conditional write lost: the object exists (IfNoneMatch) or changed (IfMatch).
 CONFLICT = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
 

@@ -62,10 +62,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from eosink.connectors.api.errors import EosinkError, FatalError
+from eosink.connectors.api.errors import EosinkError, FatalError, RetryableError
 from eosink.connectors.api.records import TopicPartition, TxnManifest
 from eosink.connectors.s3.cleanup import Cleanup
-from eosink.connectors.s3.client import MISSING, Bucket
+from eosink.connectors.s3.client import MISSING, STALE_PARTS, Bucket
 from eosink.connectors.s3.encoding import CONTENT_TYPES
 from eosink.connectors.s3.fence import EpochFence
 from eosink.connectors.s3.layout import Layout, Prepared, Staged
@@ -218,15 +218,29 @@ class MultipartTxns:
         _settle(epochs)
 
     def _complete(self, txn_id: str, s: Staged) -> Staged | None:
-        """Complete one upload; None when the object is (now or already) this txn's, ``s`` when lost."""
+        """Complete one upload; None when the object is (now or already) this txn's, ``s`` when lost.
+
+        InvalidPart is not taken as the answer: MinIO gives it for a complete retried after the
+        server restarted mid-complete, and transiently for parts it has stored. When the object is
+        not (yet) this txn's and the upload still lists its parts, the commit is retried
+        (RetryableError); an upload that is gone is lost, as for NoSuchUpload.
+        """
         listed = s.parts or self._list_parts(s)
         if listed is None:  # the upload is gone
             return None if self._written_by(txn_id, s.key) else s
         parts = {"Parts": [{"PartNumber": n, "ETag": etag} for n, etag in listed]}
         if self.bucket.call("complete_multipart_upload", s.key, Key=s.key, UploadId=s.upload_id, MultipartUpload=parts,
-                            none_on=MISSING) is not None:
+                            none_on=MISSING | STALE_PARTS) is not None:
             return None
-        return None if self._written_by(txn_id, s.key) else s
+        if self._written_by(txn_id, s.key):
+            return None
+        still = self._list_parts(s)
+        if still is None:
+            return s
+        raise RetryableError(
+            f"commit {txn_id}: complete of multipart upload {s.upload_id} of s3://{self.bucket.name}/{s.key} at "
+            f"{self.bucket.endpoint} was refused (InvalidPart) while the upload lists {len(still)} part(s) "
+            f"(prepared: {len(listed)}): retrying the commit", component=COMPONENT)
 
     def _list_parts(self, s: Staged) -> tuple[tuple[int, str], ...] | None:
         """The upload's parts as S3 has them (for a txn another instance prepared); None when gone."""
