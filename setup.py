@@ -6,7 +6,8 @@ install (wheel and editable alike) as ``eosink.worker``, ``eosink.connectors`` a
 Everything else is declared in ``pyproject.toml``, but for the C extensions, both optional - without
 a C compiler the package installs without them and the same work is done in Python: the Spark
 publisher's produce loop (``spark_jobs/native``), the worker's Avro row decoder (``worker/native``) and the
-PostgreSQL sink's JSON-to-binary-COPY row encoder (``connectors/postgres/_copy_rows.c``).
+PostgreSQL sink's JSON-to-binary-COPY row encoder (``connectors/postgres/_copy_rows.c``) and the Iceberg
+sink's JSON-to-Arrow column parser (``connectors/iceberg/_json_columns.c``).
 """
 
 import os
@@ -17,7 +18,11 @@ ROOTS = ("worker", "connectors", "spark_jobs")
 NATIVE = {"eosink.spark_jobs.native._produce": "spark_jobs/native/produce.c",
           "eosink.worker.native._avro_rows": "worker/native/_avro_rows.c",
           "eosink.worker.native._records": "worker/native/_records.c",
-          "eosink.connectors.postgres._copy_rows": "connectors/postgres/_copy_rows.c"}
+          "eosink.connectors.postgres._copy_rows": "connectors/postgres/_copy_rows.c",
+          "eosink.connectors.iceberg._json_columns": "connectors/iceberg/_json_columns.c"}
+
+#: The JSON scanning both value parsers include.
+JSON_SCAN = "connectors/common/_json_scan.h"
 
 setup(
     # Namespace discovery, so the data-only folders (the jvm/ poms) are declared packages too: with plain
@@ -25,6 +30,6 @@ setup(
     packages=["eosink." + p for p in find_namespace_packages(include=[f"{r}*" for r in ROOTS], exclude=["*__pycache__"])],
     package_dir={f"eosink.{r}": r for r in ROOTS},
     # (Absent while a container build installs the dependencies from the metadata alone.)
-    ext_modules=[Extension(name, [src], optional=True, extra_compile_args=["-O2"])
+    ext_modules=[Extension(name, [src], optional=True, extra_compile_args=["-O2"], depends=[JSON_SCAN])
                  for name, src in NATIVE.items() if os.path.exists(src)],
 )

@@ -44,6 +44,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import BooleanType, DoubleType, LongType, StringType
 
 from eosink.connectors.api.records import SinkRecord, values_of_types
+from eosink.connectors.iceberg import jsonnative
 from eosink.connectors.iceberg.arrow import KAFKA_NAMES, kafka_column, kafka_column_built
 
 #: Column types the reader converts exactly as the checked path does (see the module docs).
@@ -83,6 +84,10 @@ def from_json(schema: Schema, records: Sequence[SinkRecord], kafka: bool, topics
         return None
     if kafka and not all(kafka_column_built(f) for f in schema.fields if f.name in KAFKA_NAMES):
         return None  # (before the parse: a table like that would parse every batch for nothing)
+    arrow_schema = schema_to_pyarrow(schema, include_field_ids=False)
+    native = jsonnative.from_json(schema, arrow_schema, records, kafka, topics)
+    if native is not None:
+        return native
     # Every value a JSON object (an undecoded one is an object or an array, which the reader refuses):
     # not left to the reader, which takes a top-level ``null`` as a row of nulls and crashes the process
     # on one that starts its input (pyarrow 26; the checked path refuses a null value as a tombstone).
@@ -97,7 +102,6 @@ def from_json(schema: Schema, records: Sequence[SinkRecord], kafka: bool, topics
             body.decode()
         except UnicodeDecodeError:
             return None
-    arrow_schema = schema_to_pyarrow(schema, include_field_ids=False)
     explicit = pa.schema([arrow_schema.field(f.name).with_nullable(True) for f in value_fields])
     try:
         parsed = pj.read_json(
