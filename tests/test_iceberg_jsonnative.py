@@ -236,3 +236,22 @@ def test_env_switch_turns_the_native_parse_off() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
     assert ia.KAFKA_NAMES  # (the module the switch falls back to stays importable)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.permutations(["a", "ab", "abc", "é"]).flatmap(
+    lambda keys: st.lists(st.sampled_from(keys), max_size=4, unique=True)), min_size=1, max_size=6))
+def test_keys_that_are_prefixes_of_other_columns_find_their_own_column(rows: list[list[str]]) -> None:
+    """The parser first tries the column after the last key's (fields in the table's order): a key
+    that only starts like that column's name must still find its own."""
+    schema = Schema(*(NestedField(i + 1, name, LongType(), required=False) for i, name in enumerate(["a", "ab", "abc", "é"])))
+    raws = [json.dumps({k: i for i, k in enumerate(keys)}, ensure_ascii=False).encode() for keys in rows]
+    table = native(schema, records_of(raws), kafka=False)
+    assert table is not None
+    assert exact(table) == exact(checked(schema, records_of(raws), kafka=False))
+
+
+def test_column_name_that_json_escapes_is_declined() -> None:
+    """A name holding a quote or a backslash is matched against the key's raw bytes nowhere: the reader decides."""
+    schema = Schema(NestedField(1, 'q"x', LongType(), required=False))
+    assert native(schema, records_of([b'{"q\\"x": 1}']), kafka=False) is None

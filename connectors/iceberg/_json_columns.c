@@ -1,10 +1,11 @@
 /* A batch's JSON objects parsed straight into Arrow column buffers, in C (see jsonnative.py).
  *
- * parse(records, names, kinds, required, lazy, coords) -> None or (columns, partitions, offsets)
+ * parse(records, names, kinds, required, plain, lazy, coords) -> None or (columns, partitions, offsets)
  *
  * records: a list of SinkRecords; names: a tuple of the value columns' UTF-8 names (bytes); kinds: bytes,
  * one per column (0 int64, 1 float64, 2 large_string, 3 boolean); required: bytes, one flag per column;
- * lazy: the LazyJsonRecord class (a record of another class must hold a dict as its value); coords: 0 (no
+ * plain, lazy: the SinkRecord and LazyJsonRecord classes (a record of another class than lazy must hold a dict
+ * as its value; the fields of both are read from their slots, of any other class as attributes); coords: 0 (no
  * Kafka coordinate columns), 4 or 8 (the width of the partition column; offsets are int64).
  *
  * Each column comes back as (null_count, validity or None, data, offsets or None), bytes objects that
@@ -28,8 +29,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <structmember.h>
 
 #include "../common/_json_scan.h"
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 enum { K_LONG = 0, K_DOUBLE = 1, K_STRING = 2, K_BOOL = 3 };
 
@@ -51,13 +56,31 @@ static unsigned char plain[256];  /* bytes a string holds as they are: ASCII fro
 static const double POW10[23] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
                                  1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
+/* The index of the first byte at or after i that a string does not hold as it is (or len): 16 bytes a step
+ * where SSE2 is there (every x86-64), then byte by byte. */
+static inline Py_ssize_t plain_run(const unsigned char *s, Py_ssize_t i, Py_ssize_t len) {
+#ifdef __SSE2__
+    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20);
+    while (i + 16 <= len) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(s + i));
+        /* signed: below the space is a control character or (negative) a non-ASCII byte */
+        __m128i stop = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)), _mm_cmplt_epi8(v, space));
+        int mask = _mm_movemask_epi8(stop);
+        if (mask) return i + __builtin_ctz((unsigned)mask);
+        i += 16;
+    }
+#endif
+    while (i < len && plain[s[i]]) i++;
+    return i;
+}
+
 /* The string whose opening quote is at s[*p], as UTF-8 at out (room: its raw length); -1 to refuse. */
 static int read_string(const unsigned char *s, Py_ssize_t len, Py_ssize_t *p, unsigned char *out, Py_ssize_t *out_len) {
     Py_ssize_t i = *p + 1;
     unsigned char *o = out;
     for (;;) {
         Py_ssize_t run = i;
-        while (i < len && plain[s[i]]) i++;
+        i = plain_run(s, i, len);
         memcpy(o, s + run, (size_t)(i - run));
         o += i - run;
         if (i >= len) return -1;
@@ -219,6 +242,12 @@ static int read_value(Col *c, Py_ssize_t row, const unsigned char *s, Py_ssize_t
     return 0;
 }
 
+/* Whether n bytes are equal: inline, for names of a few bytes (a call to memcmp costs more). */
+static inline int same(const char *a, const unsigned char *b, Py_ssize_t n) {
+    for (Py_ssize_t k = 0; k < n; k++) if ((unsigned char)a[k] != b[k]) return 0;
+    return 1;
+}
+
 /* Record `row`'s object into the columns: 0, -1 to refuse, -2 out of memory. */
 static int parse_one(Col *cols, Py_ssize_t ncols, Py_ssize_t row, const unsigned char *s, Py_ssize_t len) {
     Py_ssize_t i = skip_ws(s, 0, len), guess = 0;
@@ -227,13 +256,20 @@ static int parse_one(Col *cols, Py_ssize_t ncols, Py_ssize_t row, const unsigned
     if (i < len && s[i] == '}') i++;
     else for (;;) {
         if (i >= len || s[i] != '"') return -1;
-        Py_ssize_t k0 = i + 1, k1 = k0;
-        while (k1 < len && s[k1] != '"' && s[k1] != '\\' && s[k1] >= 0x20) k1++;
-        if (k1 >= len || s[k1] != '"') return -1;  /* an escaped key (or malformed): the checked path decodes it */
-        Py_ssize_t kl = k1 - k0, c = -1;
-        for (Py_ssize_t t = 0; t < ncols; t++) {
-            Py_ssize_t cc = guess + t < ncols ? guess + t : guess + t - ncols;
-            if (cols[cc].name_len == kl && memcmp(cols[cc].name, s + k0, (size_t)kl) == 0) { c = cc; break; }
+        Py_ssize_t k0 = i + 1, k1, c = -1;
+        /* The next column's name, then the closing quote (names hold no quote, backslash or control character):
+         * that key, without a scan, in a batch whose fields come in the table's order */
+        Col *g = &cols[guess < ncols ? guess : 0];
+        if (k0 + g->name_len < len && s[k0 + g->name_len] == '"' && same(g->name, s + k0, g->name_len)) {
+            c = g - cols;
+            k1 = k0 + g->name_len;
+        } else {
+            k1 = k0;
+            while (k1 < len && s[k1] != '"' && s[k1] != '\\' && s[k1] >= 0x20) k1++;
+            if (k1 >= len || s[k1] != '"') return -1;  /* an escaped key (or malformed): the checked path decodes it */
+            Py_ssize_t kl = k1 - k0;
+            for (Py_ssize_t cc = 0; cc < ncols; cc++)
+                if (cols[cc].name_len == kl && memcmp(cols[cc].name, s + k0, (size_t)kl) == 0) { c = cc; break; }
         }
         if (c < 0 || cols[c].seen == row) return -1;  /* no column, or a repeated key */
         cols[c].seen = row;
@@ -266,34 +302,85 @@ static PyObject *zeroed(Py_ssize_t size) {
     return b;
 }
 
+/* String columns' scratch buffers kept between calls (taken and given back with the GIL held, so calls on
+ * several threads each get their own): a fresh buffer of a few MB costs a page fault every 4 KB. */
+#define POOL 16
+#define POOL_BYTES ((Py_ssize_t)64 << 20)
+static struct { unsigned char *data; Py_ssize_t cap; } pool[POOL];
+static Py_ssize_t pooled;
+
+static int take_scratch(Col *c, Py_ssize_t want) {
+    for (int k = 0; k < POOL; k++) {
+        if (pool[k].data) {
+            c->data = pool[k].data; c->cap = pool[k].cap; pooled -= c->cap;
+            pool[k].data = NULL;
+            return 0;
+        }
+    }
+    c->cap = want;
+    c->data = malloc((size_t)want);
+    return c->data ? 0 : -1;
+}
+
+static void give_scratch(Col *c) {
+    for (int k = 0; k < POOL && pooled + c->cap <= POOL_BYTES; k++) {
+        if (!pool[k].data) {
+            pool[k].data = c->data; pool[k].cap = c->cap; pooled += c->cap;
+            return;
+        }
+    }
+    free(c->data);
+}
+
 static void free_cols(Col *cols, Py_ssize_t ncols) {
     for (Py_ssize_t c = 0; c < ncols; c++) {
         Py_XDECREF(cols[c].validity); Py_XDECREF(cols[c].fixed); Py_XDECREF(cols[c].offs);
-        if (cols[c].kind == K_STRING) free(cols[c].data);
+        if (cols[c].kind == K_STRING && cols[c].data) give_scratch(&cols[c]);
     }
     PyMem_Free(cols);
 }
 
+/* Where the slot `name` of the records' own class (SinkRecord: a slots dataclass) is, when the lazy subclass
+ * reads the same slot (value: it does not, a property decodes it) - read in place, no attribute lookup a
+ * record and field; -1 to look the attribute up. */
+static Py_ssize_t slot_offset(PyTypeObject *plain, PyTypeObject *lazy, PyObject *name) {
+    PyObject *d = _PyType_Lookup(plain, name);
+    if (!d || !Py_IS_TYPE(d, &PyMemberDescr_Type) || ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX) return -1;
+    if (name != s_value && _PyType_Lookup(lazy, name) != d) return -1;
+    return ((PyMemberDescrObject *)d)->d_member->offset;
+}
+
+/* Field `name` of record `rec` (a new reference): in place where its class is plain or lazy, else looked up.
+ * NULL with an exception set on an error; NULL without one for an unset slot (the caller declines). */
+static inline PyObject *field(PyObject *rec, int in_place, Py_ssize_t off, PyObject *name) {
+    if (in_place && off >= 0) return Py_XNewRef(*(PyObject **)((char *)rec + off));
+    return PyObject_GetAttr(rec, name);
+}
+
 /* The records' bytes (new references, in raws) and their coordinates; 1 to decline, -1 on an error. */
-static int gather(PyObject *records, Py_ssize_t n, PyObject *lazy, int coords, PyObject **raws, unsigned char *parts,
-                  int64_t *offs) {
+static int gather(PyObject *records, Py_ssize_t n, PyTypeObject *plain, PyTypeObject *lazy, int coords, PyObject **raws,
+                  unsigned char *parts, int64_t *offs) {
+    Py_ssize_t o_value = slot_offset(plain, lazy, s_value), o_raw = slot_offset(plain, lazy, s_raw_value);
+    Py_ssize_t o_coord[2] = {slot_offset(plain, lazy, s_partition), slot_offset(plain, lazy, s_offset)};
     for (Py_ssize_t r = 0; r < n; r++) {
         PyObject *rec = PyList_GET_ITEM(records, r);
-        if ((PyObject *)Py_TYPE(rec) != lazy) {
-            PyObject *v = PyObject_GetAttr(rec, s_value);
-            if (!v) return -1;
+        PyTypeObject *t = Py_TYPE(rec);
+        int in_place = t == plain || t == lazy;
+        if (t != lazy) {
+            PyObject *v = field(rec, t == plain, o_value, s_value);
+            if (!v) return PyErr_Occurred() ? -1 : 1;
             int ok = PyDict_CheckExact(v);
             Py_DECREF(v);
             if (!ok) return 1;
         }
-        PyObject *raw = PyObject_GetAttr(rec, s_raw_value);
-        if (!raw) return -1;
+        PyObject *raw = field(rec, in_place, o_raw, s_raw_value);
+        if (!raw) return PyErr_Occurred() ? -1 : 1;
         raws[r] = raw;
         if (!PyBytes_CheckExact(raw)) return 1;
         if (!coords) continue;
         for (int k = 0; k < 2; k++) {
-            PyObject *o = PyObject_GetAttr(rec, k ? s_offset : s_partition);
-            if (!o) return -1;
+            PyObject *o = field(rec, in_place, o_coord[k], k ? s_offset : s_partition);
+            if (!o) return PyErr_Occurred() ? -1 : 1;
             int overflow = 0;
             long long v = PyLong_Check(o) ? PyLong_AsLongLongAndOverflow(o, &overflow) : -1;
             int bad = !PyLong_Check(o) || overflow || (v == -1 && PyErr_Occurred());
@@ -314,10 +401,12 @@ static int gather(PyObject *records, Py_ssize_t n, PyObject *lazy, int coords, P
 }
 
 static PyObject *parse(PyObject *self, PyObject *args) {
-    PyObject *records, *names, *kinds, *required, *lazy;
+    PyObject *records, *names, *kinds, *required;
+    PyTypeObject *plain, *lazy;
     int coords;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!O!SSOi", &PyList_Type, &records, &PyTuple_Type, &names, &kinds, &required, &lazy, &coords))
+    if (!PyArg_ParseTuple(args, "O!O!SSO!O!i", &PyList_Type, &records, &PyTuple_Type, &names, &kinds, &required,
+                          &PyType_Type, &plain, &PyType_Type, &lazy, &coords))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(records), ncols = PyTuple_GET_SIZE(names);
     if (PyBytes_GET_SIZE(kinds) != ncols || PyBytes_GET_SIZE(required) != ncols || (coords && coords != 4 && coords != 8)) {
@@ -345,8 +434,7 @@ static PyObject *parse(PyObject *self, PyObject *args) {
         if (col->kind == K_STRING) {
             if (!(col->offs = zeroed(8 * (n + 1)))) goto done;
             col->offsets = (int64_t *)PyBytes_AS_STRING(col->offs);
-            col->cap = 64 * n;
-            if (!(col->data = malloc((size_t)col->cap))) { PyErr_NoMemory(); goto done; }
+            if (take_scratch(col, 64 * n)) { PyErr_NoMemory(); goto done; }
         } else {
             if (!(col->fixed = col->kind == K_BOOL ? zeroed(bitmap) : zeroed(8 * n))) goto done;
             col->data = (unsigned char *)PyBytes_AS_STRING(col->fixed);
@@ -355,7 +443,7 @@ static PyObject *parse(PyObject *self, PyObject *args) {
     if (coords) {
         if (!(parts = PyBytes_FromStringAndSize(NULL, coords * n)) || !(offs = PyBytes_FromStringAndSize(NULL, 8 * n))) goto done;
     }
-    rc = gather(records, n, lazy, coords, raws, parts ? (unsigned char *)PyBytes_AS_STRING(parts) : NULL,
+    rc = gather(records, n, plain, lazy, coords, raws, parts ? (unsigned char *)PyBytes_AS_STRING(parts) : NULL,
                 offs ? (int64_t *)PyBytes_AS_STRING(offs) : NULL);
     if (rc) goto done;
     Py_BEGIN_ALLOW_THREADS

@@ -21,6 +21,7 @@ Where the extension is not built (no C compiler at install) or ``EOSINK_ICEBERG_
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -39,6 +40,8 @@ ENV = "EOSINK_ICEBERG_NATIVE"
 enabled: bool = _json_columns is not None and os.environ.get(ENV, "1") != "0"
 #: Arrow type of a value column -> the C parser's kind of column.
 _KINDS = {pa.int64(): 0, pa.float64(): 1, pa.large_string(): 2, pa.bool_(): 3}
+#: Column names the C parser matches against a key's raw bytes: none it would have to see escaped.
+_PLAIN_NAME = re.compile(rb'[^"\\\x00-\x1f]*')
 
 
 def available() -> bool:
@@ -55,14 +58,15 @@ def from_json(schema: Schema, arrow_schema: pa.Schema, records: Sequence[SinkRec
     coord = {f.name: af.type for f, af in zip(schema.fields, arrow_schema) if kafka and f.name in KAFKA_NAMES}
     values = [(f, af) for f, af in zip(schema.fields, arrow_schema) if f.name not in coord]
     kinds = bytes(_KINDS.get(af.type, 255) for _, af in values)
-    if not values or 255 in kinds:
+    names = tuple(f.name.encode() for f, _ in values)
+    if not values or 255 in kinds or not all(map(_PLAIN_NAME.fullmatch, names)):
         return None
     if not all(kafka_column_built(f) for f in schema.fields if f.name in coord):
         return None
     width = 4 if coord.get("__partition") == pa.int32() else 8
     parsed = _json_columns.parse(records if isinstance(records, list) else list(records),
-                                 tuple(f.name.encode() for f, _ in values), kinds,
-                                 bytes(f.required for f, _ in values), LazyJsonRecord, width if coord else 0)
+                                 names, kinds,
+                                 bytes(f.required for f, _ in values), SinkRecord, LazyJsonRecord, width if coord else 0)
     if parsed is None:
         return None
     columns, partitions, offsets = parsed
