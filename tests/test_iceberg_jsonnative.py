@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import struct
 import subprocess
 import sys
@@ -255,3 +256,25 @@ def test_column_name_that_json_escapes_is_declined() -> None:
     """A name holding a quote or a backslash is matched against the key's raw bytes nowhere: the reader decides."""
     schema = Schema(NestedField(1, 'q"x', LongType(), required=False))
     assert native(schema, records_of([b'{"q\\"x": 1}']), kafka=False) is None
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**32), n=st.integers(4096, 12000))
+def test_batch_split_over_two_threads_is_the_checked_batch(seed: int, n: int) -> None:
+    """From 4096 rows the second half parses on a thread of its own (its strings after the first's, its
+    bitmaps from a whole byte on): the same table as the checked path's, and a record only the second
+    half holds still declines the batch."""
+    rng = random.Random(seed)
+
+    def value() -> dict[str, Any]:
+        v = {"n": rng.randrange(-(2**63), 2**63), "x": rng.choice([rng.random() * 1e6, rng.randrange(-1000, 1000), None]),
+             "s": rng.choice(["", "é\u2028\U0001f600", "plain", None, "a\"b\\c\n" * rng.randrange(3)]),
+             "b": rng.choice([True, False, None])}
+        return {k: x for k, x in v.items() if x is not None or rng.random() < 0.5}
+
+    raws = [json.dumps(value(), ensure_ascii=rng.random() < 0.5).encode() for i in range(n)]
+    table = native(schema_of(), records_of(raws))
+    assert table is not None
+    assert exact(table) == exact(checked(schema_of(), records_of(raws)))
+    raws[rng.randrange(n // 2 + 8, n)] = b'{"n": 1.5}'
+    assert native(schema_of(), records_of(raws)) is None
