@@ -57,33 +57,39 @@ static unsigned char plain[256];  /* bytes a string holds as they are: ASCII fro
 static const double POW10[23] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
                                  1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
-/* The index of the first byte at or after i that a string does not hold as it is (or len): 16 bytes a step
- * where SSE2 is there (every x86-64), then byte by byte. */
-static inline Py_ssize_t plain_run(const unsigned char *s, Py_ssize_t i, Py_ssize_t len) {
+/* The bytes from s[i] on that a string holds as they are, copied to *o (advanced past them); the index of the
+ * first byte that is not one (or len). 16 bytes a step where SSE2 is there (every x86-64), each step storing
+ * all 16 (the room has 16 bytes to spare), then byte by byte. */
+static inline Py_ssize_t copy_run(const unsigned char *s, Py_ssize_t i, Py_ssize_t len, unsigned char **o) {
+    unsigned char *out = *o;
 #ifdef __SSE2__
     const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20);
     while (i + 16 <= len) {
         __m128i v = _mm_loadu_si128((const __m128i *)(s + i));
+        _mm_storeu_si128((__m128i *)out, v);
         /* signed: below the space is a control character or (negative) a non-ASCII byte */
         __m128i stop = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)), _mm_cmplt_epi8(v, space));
         int mask = _mm_movemask_epi8(stop);
-        if (mask) return i + __builtin_ctz((unsigned)mask);
+        if (mask) {
+            int k = __builtin_ctz((unsigned)mask);
+            *o = out + k;
+            return i + k;
+        }
         i += 16;
+        out += 16;
     }
 #endif
-    while (i < len && plain[s[i]]) i++;
+    while (i < len && plain[s[i]]) *out++ = s[i++];
+    *o = out;
     return i;
 }
 
-/* The string whose opening quote is at s[*p], as UTF-8 at out (room: its raw length); -1 to refuse. */
+/* The string whose opening quote is at s[*p], as UTF-8 at out (room: its raw length + 16); -1 to refuse. */
 static int read_string(const unsigned char *s, Py_ssize_t len, Py_ssize_t *p, unsigned char *out, Py_ssize_t *out_len) {
     Py_ssize_t i = *p + 1;
     unsigned char *o = out;
     for (;;) {
-        Py_ssize_t run = i;
-        i = plain_run(s, i, len);
-        memcpy(o, s + run, (size_t)(i - run));
-        o += i - run;
+        i = copy_run(s, i, len, &o);
         if (i >= len) return -1;
         unsigned char c = s[i];
         if (c == '"') break;
@@ -227,7 +233,7 @@ static int read_value(Col *c, Py_ssize_t row, const unsigned char *s, Py_ssize_t
     case K_STRING: {
         Py_ssize_t n;
         if (*p >= len || s[*p] != '"') return -1;
-        if (grow(c, len - *p)) return -2;
+        if (grow(c, len - *p + 16)) return -2;
         if (read_string(s, len, p, c->data + c->len, &n)) return -1;
         c->len += n;
         break;
@@ -306,6 +312,16 @@ static void *run_part(void *arg) {
     for (Py_ssize_t r = p->from; r < p->to && !p->rc; r++)
         p->rc = parse_one(p->cols, p->ncols, r, (const unsigned char *)PyBytes_AS_STRING(p->raws[r]), PyBytes_GET_SIZE(p->raws[r]));
     return NULL;
+}
+
+/* A string column's bytes: the first half's, then the second's (or NULL: one thread). */
+static PyObject *joined(Col *a, Col *b) {
+    Py_ssize_t more = b ? b->len : 0;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, a->len + more);
+    if (!out) return NULL;
+    memcpy(PyBytes_AS_STRING(out), a->data, (size_t)a->len);
+    if (more) memcpy(PyBytes_AS_STRING(out) + a->len, b->data, (size_t)more);
+    return out;
 }
 
 static PyObject *zeroed(Py_ssize_t size) {
@@ -486,10 +502,7 @@ static PyObject *parse(PyObject *self, PyObject *args) {
             Col *a = &cols[c], *b = &cols2[c];
             a->nulls += b->nulls;
             if (a->kind != K_STRING) continue;
-            if (grow(a, b->len)) { rc = -2; break; }
-            memcpy(a->data + a->len, b->data, (size_t)b->len);
             for (Py_ssize_t r = mid + 1; r <= n; r++) a->offsets[r] += a->len;
-            a->len += b->len;
         }
     }
     Py_END_ALLOW_THREADS
@@ -499,7 +512,7 @@ static PyObject *parse(PyObject *self, PyObject *args) {
     if (!columns) goto done;
     for (Py_ssize_t c = 0; c < ncols; c++) {
         Col *col = &cols[c];
-        PyObject *data = col->kind == K_STRING ? PyBytes_FromStringAndSize((const char *)col->data, col->len) : Py_NewRef(col->fixed);
+        PyObject *data = col->kind == K_STRING ? joined(col, cols2 ? &cols2[c] : NULL) : Py_NewRef(col->fixed);
         PyObject *item = data ? Py_BuildValue("(nOOO)", col->nulls, col->nulls ? col->validity : Py_None, data,
                                               col->offs ? col->offs : Py_None) : NULL;
         Py_XDECREF(data);
