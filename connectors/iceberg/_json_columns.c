@@ -11,7 +11,7 @@
  * Each column comes back as (null_count, validity or None, data, offsets or None), bytes objects that
  * pyarrow's from_buffers takes as they are; partitions and offsets are bytes (or None without coords).
  *
- * None - never an exception, but for memory - for anything the checked path (arrow.py's to_arrow on the
+ * None - never an exception, but for memory or a record attribute that raises - for anything the checked path (arrow.py's to_arrow on the
  * decoded values) would not make exactly the same column of: a value that is not a JSON object, a record
  * without its bytes, a field with no column, an escaped or repeated key, a value of another JSON type
  * than its column's (an object or array, a number for a string or a boolean, a float for an int64), an
@@ -19,7 +19,9 @@
  * in a float64 column, NaN/Infinity, a null or missing required value, invalid UTF-8, a control
  * character or a lone surrogate in a string, malformed JSON, a partition beyond the column's width.
  *
- * The parse runs with the GIL released (the records' bytes held by reference meanwhile). Floats parse as
+ * The parse runs with the GIL released (the records' bytes held by reference meanwhile), a batch of SPLIT_MIN
+ * records or more in two halves on two threads (the second half's strings copied after the first's once both
+ * are done, its offsets shifted; fixed-width buffers and bitmaps shared, split at a whole byte). Floats parse as
  * Python's float() does: the exact fast path (at most 15 digits, a power of ten up to 22: one correctly
  * rounded IEEE operation), else strtod_l in the C locale (correctly rounded in glibc). */
 #define PY_SSIZE_T_CLEAN

@@ -6,6 +6,11 @@ bytes it had on the topic (``raw_value``, the JSON of its value), and Arrow's C+
 those into typed columns on every core in ~0.36 us of CPU per record, with nothing decoded in
 Python at all (the engine then leaves values undecoded for this sink: ``reads_values = False``).
 
+:func:`from_json` first asks the C parser (:mod:`.jsonnative`), which reads the same bytes straight
+into Arrow buffers in one pass and skips the Python passes this reader needs around it (the join,
+the object and UTF-8 checks, the coordinate columns, the float checks below); where it declines (or
+is not built, or ``EOSINK_ICEBERG_NATIVE=0``) the reader runs as described here, then the checked path.
+
 **It never decides anything.** :func:`from_json` returns a table only when it is *exactly* what
 the checked path makes of the same records, and None otherwise; the caller then takes the checked
 path, whose result and errors (naming topic, partition, offset and column) are those of a batch
@@ -75,8 +80,9 @@ def _doubles_exact(col: pa.ChunkedArray) -> bool:
 
 
 def from_json(schema: Schema, records: Sequence[SinkRecord], kafka: bool, topics: set[str]) -> pa.Table | None:
-    """The records as an Arrow table with exactly ``schema``'s columns, parsed from their JSON bytes;
-    None where the checked path must judge the batch (see the module docs)."""
+    """The records as an Arrow table with exactly ``schema``'s columns, parsed from their JSON bytes (in C
+    where :mod:`.jsonnative` can, else by Arrow's reader); None where the checked path must judge the
+    batch (see the module docs)."""
     if not records:
         return None
     value_fields = [f for f in schema.fields if not (kafka and f.name in KAFKA_NAMES)]
