@@ -14,6 +14,9 @@ for everything else (the list is in ``_json_columns.c``'s header; it declines mo
 path refuses - an escaped key, a float that overflows - since declining only costs time). The caller
 then tries Arrow's reader, then the checked path, whose errors name the record.
 
+Its string columns' scratch buffers are kept between batches (up to 64 MB, see ``_json_columns.c``):
+fresh ones of a few MB each cost a page fault every 4 KB, a noticeable part of the parse.
+
 Where the extension is not built (no C compiler at install) or ``EOSINK_ICEBERG_NATIVE=0`` (or
 :data:`enabled` set False, as tests do), :func:`from_json` returns None and the reader runs as before.
 """
