@@ -30,7 +30,7 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow  # noqa: E402
 from pyiceberg.schema import Schema  # noqa: E402
 from pyiceberg.types import LongType, NestedField  # noqa: E402
 
-from eosink.connectors.api.records import UNDECODED, LazyJsonRecord, SinkRecord  # noqa: E402
+from eosink.connectors.api.records import UNDECODED, DeferredRecord, LazyJsonRecord, SinkRecord  # noqa: E402
 from eosink.connectors.iceberg import arrow as ia  # noqa: E402
 from eosink.connectors.iceberg import jsonarrow, jsonnative  # noqa: E402
 from tests.test_iceberg_jsonarrow import checked, exact, raw_values, records_of, schema_of  # noqa: E402
@@ -278,3 +278,15 @@ def test_batch_split_over_two_threads_is_the_checked_batch(seed: int, n: int) ->
     assert exact(table) == exact(checked(schema_of(), records_of(raws)))
     raws[rng.randrange(n // 2 + 8, n)] = b'{"n": 1.5}'
     assert native(schema_of(), records_of(raws)) is None
+
+
+def test_record_of_another_class_is_read_through_its_attributes() -> None:
+    """Fields are read from the slots only for SinkRecord and LazyJsonRecord; a record of another class
+    (a DeferredRecord, whose value is a property) is read through its attributes and its value checked."""
+    r = SinkRecord("orders", 2, 9, None, UNDECODED, b'{"n": 5, "s": "d"}')
+    r.__class__ = DeferredRecord
+    table = native(schema_of(), [r])
+    assert table is not None and table.column("n").to_pylist() == [5] and table.column("__offset").to_pylist() == [9]
+    arr = SinkRecord("orders", 2, 10, None, UNDECODED, b'[1]')
+    arr.__class__ = DeferredRecord
+    assert native(schema_of(), [arr]) is None
