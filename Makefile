@@ -8,7 +8,7 @@ EOSINK := $(VENV)/bin/eosink
 # ... with the same name as your package"): there is no such folder here, so it is filtered, and
 # nothing else is; any other warning of the install still shows.
 PIP_QUIET := PYTHONWARNINGS="ignore:Editable installation"
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt setup.py spark_jobs/native/produce.c worker/native/_avro_rows.c worker/native/_records.c connectors/postgres/_copy_rows.c connectors/common/_batches.c | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt setup.py spark_jobs/native/produce.c worker/native/_avro_rows.c worker/native/_records.c connectors/postgres/_copy_rows.c connectors/common/_batches.c connectors/iceberg/_json_columns.c connectors/common/_json_scan.h | sha1sum | cut -c1-12)
 
 .PHONY: venv stack secure-stack demo stream-demo secure-demo test docs observe down clean bench soak images container-demo helm-template $(BENCHES)
 

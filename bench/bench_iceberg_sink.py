@@ -8,7 +8,8 @@ each mode into its own fresh table of the same schema, SQL catalog in PostgreSQL
 (b) raw append from dicts - ``pa.Table.from_pylist(values)`` + ``table.append`` per batch: what a
     plain at-least-once consumer of the same decoded records would do.
 (c) the sink - begin_transaction / write / pre_commit / commit per batch, fed as the worker feeds it
-    (values left undecoded): the JSON bytes parsed into Arrow columns by Arrow's reader, fence,
+    (values left undecoded): the JSON bytes parsed into Arrow columns in C (``EOSINK_ICEBERG_NATIVE=0``:
+    by Arrow's reader), fence,
     Parquet into the txn's directory (+ fsync on a local disk), the marker, and a commit that
     checks the txn id and appends in one snapshot with the fence state.
 (d) the sink with ``iceberg.fsync=false``, to show what durability of "prepared" costs locally.
@@ -53,6 +54,7 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow  # noqa: E402
 from bench import report  # noqa: E402
 from bench._data import batches, make_records  # noqa: E402
 from eosink.connectors.api.records import UNDECODED, LazyJsonRecord, SinkRecord, TxnManifest  # noqa: E402
+from eosink.connectors.iceberg import jsonnative  # noqa: E402
 from eosink.connectors.iceberg.sink import IcebergSink  # noqa: E402
 
 PARTITIONS = 4
@@ -286,10 +288,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sink.phases
     ceiling_ms, sink_ms = statistics.median(raw.wall) * 1000, statistics.median(sink.wall) * 1000
     same = med(p, "write") + med(p, "append")  # what the ceiling's append does too
+    parser = "in C" if jsonnative.available() else f"by Arrow's JSON reader, {jsonnative.ENV}=0 or no C extension"
     print(f"\nbudget at 70% of the ceiling: a cycle of at most {ceiling_ms / 0.7:.1f} ms; the sink's Parquet write and "
           f"snapshot commit alone take {same:.1f} ms (the ceiling's whole append: {ceiling_ms:.1f} ms), leaving "
           f"{ceiling_ms / 0.7 - same:.1f} ms for what only the sink does; it spends {med(p, 'convert'):.1f} ms turning the "
-          f"records into Arrow (Arrow's JSON reader over their bytes, on every core: {med(checked.phases, 'convert'):.1f} ms "
+          f"records into Arrow (parsed from their bytes {parser}; {med(checked.phases, 'convert'):.1f} ms "
           f"on the checked path from decoded values) and {sink_ms - same - med(p, 'convert'):.1f} ms on the rest (table load, "
           "fence, marker, txn-id check)")
     print(f"  (batches parsed from their bytes without decoding a value: {sink.parsed} of {len(sink.wall)}; the ceiling "

@@ -27,8 +27,18 @@ from pyiceberg.types import BooleanType, DoubleType, IntegerType, LongType, Nest
 from eosink.connectors.api.errors import RecordError  # noqa: E402
 from eosink.connectors.api.records import LazyJsonRecord, SinkRecord  # noqa: E402
 from eosink.connectors.iceberg import arrow as ia  # noqa: E402
+from eosink.connectors.iceberg import jsonnative  # noqa: E402
 from eosink.connectors.iceberg.jsonarrow import from_json  # noqa: E402
 from eosink.worker.engine.converters import json_checked  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def reader_only() -> Any:
+    """Arrow's reader, not the C parser that comes first (``test_iceberg_jsonnative.py`` pins that one)."""
+    saved, jsonnative.enabled = jsonnative.enabled, False
+    yield
+    jsonnative.enabled = saved
+
 
 COLUMNS = (("n", LongType()), ("x", DoubleType()), ("s", StringType()), ("b", BooleanType()))
 

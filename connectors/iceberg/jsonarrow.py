@@ -6,6 +6,11 @@ bytes it had on the topic (``raw_value``, the JSON of its value), and Arrow's C+
 those into typed columns on every core in ~0.36 us of CPU per record, with nothing decoded in
 Python at all (the engine then leaves values undecoded for this sink: ``reads_values = False``).
 
+:func:`from_json` first asks the C parser (:mod:`.jsonnative`), which reads the same bytes straight
+into Arrow buffers in one pass and skips the Python passes this reader needs around it (the join,
+the object and UTF-8 checks, the coordinate columns, the float checks below); where it declines (or
+is not built, or ``EOSINK_ICEBERG_NATIVE=0``) the reader runs as described here, then the checked path.
+
 **It never decides anything.** :func:`from_json` returns a table only when it is *exactly* what
 the checked path makes of the same records, and None otherwise; the caller then takes the checked
 path, whose result and errors (naming topic, partition, offset and column) are those of a batch
@@ -44,6 +49,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import BooleanType, DoubleType, LongType, StringType
 
 from eosink.connectors.api.records import SinkRecord, values_of_types
+from eosink.connectors.iceberg import jsonnative
 from eosink.connectors.iceberg.arrow import KAFKA_NAMES, kafka_column, kafka_column_built
 
 #: Column types the reader converts exactly as the checked path does (see the module docs).
@@ -74,8 +80,9 @@ def _doubles_exact(col: pa.ChunkedArray) -> bool:
 
 
 def from_json(schema: Schema, records: Sequence[SinkRecord], kafka: bool, topics: set[str]) -> pa.Table | None:
-    """The records as an Arrow table with exactly ``schema``'s columns, parsed from their JSON bytes;
-    None where the checked path must judge the batch (see the module docs)."""
+    """The records as an Arrow table with exactly ``schema``'s columns, parsed from their JSON bytes (in C
+    where :mod:`.jsonnative` can, else by Arrow's reader); None where the checked path must judge the
+    batch (see the module docs)."""
     if not records:
         return None
     value_fields = [f for f in schema.fields if not (kafka and f.name in KAFKA_NAMES)]
@@ -83,6 +90,10 @@ def from_json(schema: Schema, records: Sequence[SinkRecord], kafka: bool, topics
         return None
     if kafka and not all(kafka_column_built(f) for f in schema.fields if f.name in KAFKA_NAMES):
         return None  # (before the parse: a table like that would parse every batch for nothing)
+    arrow_schema = schema_to_pyarrow(schema, include_field_ids=False)
+    native = jsonnative.from_json(schema, arrow_schema, records, kafka, topics)
+    if native is not None:
+        return native
     # Every value a JSON object (an undecoded one is an object or an array, which the reader refuses):
     # not left to the reader, which takes a top-level ``null`` as a row of nulls and crashes the process
     # on one that starts its input (pyarrow 26; the checked path refuses a null value as a tombstone).
@@ -97,7 +108,6 @@ def from_json(schema: Schema, records: Sequence[SinkRecord], kafka: bool, topics
             body.decode()
         except UnicodeDecodeError:
             return None
-    arrow_schema = schema_to_pyarrow(schema, include_field_ids=False)
     explicit = pa.schema([arrow_schema.field(f.name).with_nullable(True) for f in value_fields])
     try:
         parsed = pj.read_json(

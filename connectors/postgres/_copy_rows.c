@@ -18,6 +18,8 @@
 #include <math.h>
 #include <structmember.h>
 
+#include "../common/_json_scan.h"
+
 enum { K_INT8 = 0, K_BOOL = 1, K_FLOAT8 = 2, K_TEXT = 3 };
 
 typedef struct {
@@ -39,44 +41,6 @@ static inline void put32(unsigned char *p, uint32_t v) {
     p[0] = (unsigned char)(v >> 24); p[1] = (unsigned char)(v >> 16); p[2] = (unsigned char)(v >> 8); p[3] = (unsigned char)v;
 }
 static inline void put64(unsigned char *p, uint64_t v) { put32(p, (uint32_t)(v >> 32)); put32(p + 4, (uint32_t)v); }
-
-static inline Py_ssize_t skip_ws(const unsigned char *s, Py_ssize_t i, Py_ssize_t len) {
-    while (i < len && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) i++;
-    return i;
-}
-
-static inline int hex4(const unsigned char *s, Py_ssize_t i, Py_ssize_t len, uint32_t *out) {
-    uint32_t v = 0;
-    if (i + 4 > len) return refuse("a truncated \\u escape");
-    for (int k = 0; k < 4; k++) {
-        unsigned char c = s[i + k];
-        v <<= 4;
-        if (c >= '0' && c <= '9') v |= (uint32_t)(c - '0');
-        else if (c >= 'a' && c <= 'f') v |= (uint32_t)(c - 'a' + 10);
-        else if (c >= 'A' && c <= 'F') v |= (uint32_t)(c - 'A' + 10);
-        else return refuse("a bad \\u escape");
-    }
-    *out = v;
-    return 0;
-}
-
-/* The length of the valid UTF-8 sequence at s[i] (a non-ASCII lead byte), or 0. */
-static inline int utf8_seq(const unsigned char *s, Py_ssize_t i, Py_ssize_t len) {
-    unsigned char c = s[i];
-    int n;
-    uint32_t cp;
-    if (c >= 0xC2 && c <= 0xDF) { n = 2; cp = c & 0x1F; }
-    else if (c >= 0xE0 && c <= 0xEF) { n = 3; cp = c & 0x0F; }
-    else if (c >= 0xF0 && c <= 0xF4) { n = 4; cp = c & 0x07; }
-    else return 0;
-    if (i + n > len) return 0;
-    for (int k = 1; k < n; k++) {
-        if ((s[i + k] & 0xC0) != 0x80) return 0;
-        cp = (cp << 6) | (s[i + k] & 0x3F);
-    }
-    if ((n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF))) return 0;
-    return n;
-}
 
 /* Bytes a JSON string holds as they are (printable ASCII but the quote and the backslash), set at import. */
 static unsigned char plain[256];
@@ -112,12 +76,12 @@ static int read_string(const unsigned char *s, Py_ssize_t len, Py_ssize_t *p, un
         case 't': out[o++] = '\t'; break;
         case 'u': {
             uint32_t cp;
-            if (hex4(s, i, len, &cp)) return -1;
+            if (hex4(s, i, len, &cp)) return refuse("a bad \\u escape");
             i += 4;
             if (cp >= 0xD800 && cp <= 0xDBFF) {
                 uint32_t lo;
                 if (i + 1 >= len || s[i] != '\\' || s[i + 1] != 'u') return refuse("a lone surrogate");
-                if (hex4(s, i + 2, len, &lo)) return -1;
+                if (hex4(s, i + 2, len, &lo)) return refuse("a bad \\u escape");
                 if (lo < 0xDC00 || lo > 0xDFFF) return refuse("a lone surrogate");
                 i += 6;
                 cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
@@ -125,15 +89,7 @@ static int read_string(const unsigned char *s, Py_ssize_t len, Py_ssize_t *p, un
                 return refuse("a lone surrogate");
             }
             if (cp == 0) return refuse("a NUL in a string (PostgreSQL text cannot hold it)");
-            if (cp < 0x80) out[o++] = (unsigned char)cp;
-            else if (cp < 0x800) { out[o++] = (unsigned char)(0xC0 | (cp >> 6)); out[o++] = (unsigned char)(0x80 | (cp & 0x3F)); }
-            else if (cp < 0x10000) {
-                out[o++] = (unsigned char)(0xE0 | (cp >> 12)); out[o++] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-                out[o++] = (unsigned char)(0x80 | (cp & 0x3F));
-            } else {
-                out[o++] = (unsigned char)(0xF0 | (cp >> 18)); out[o++] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-                out[o++] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F)); out[o++] = (unsigned char)(0x80 | (cp & 0x3F));
-            }
+            o = put_cp(out + o, cp) - out;
             break;
         }
         default: return refuse("a bad escape");
