@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -115,11 +115,12 @@ class MultipartTxns:
         self._data.shutdown(wait=True)
 
     # -- prepare ----------------------------------------------------------------------------
-    def prepare(self, manifest: TxnManifest, bodies: Callable[[], Sequence[bytes]], ext: str) -> None:
+    def prepare(self, manifest: TxnManifest, bodies: Callable[[], Iterable[bytes]], ext: str) -> None:
         """The objects of ``manifest.ranges`` (in that order): creates first (they need no body),
         then every part; the fence's LIST and the txn's ``.json`` (once the creates answered) run
-        alongside. ``bodies()`` encodes the objects (JSON Lines or Parquet) while the creates'
-        round trips run: no part could go before them anyway (see :mod:`.staging`)."""
+        alongside. ``bodies()`` encodes the objects (JSON Lines or Parquet), one by one as it is
+        iterated, while the creates' round trips run: no part could go before them anyway (see
+        :mod:`.staging`)."""
         t0 = time.perf_counter()
         txn = manifest.txn_id
         meta = {"eosink-txn": quote(txn, safe=""), "eosink-connector": self.layout.connector}
@@ -135,10 +136,9 @@ class MultipartTxns:
         parts: list[list[Future[tuple[int, str]]]] = []
         try:
             try:
-                # Every body before the first part goes out (the creates are in flight meanwhile):
-                # what encoding holds the GIL for (all of it for Parquet, the pass over the records
-                # for JSON Lines) would otherwise wait for the upload threads, delaying the last
-                # object's upload by more than encoding them all first does.
+                # An object's parts go out as soon as its body is made (and its create answered),
+                # while the next body is encoded: the JSON Lines join copies with the GIL released,
+                # so the upload threads and the encoding overlap.
                 made = bodies()
                 for key, create, r, data in zip(keys, creates, manifest.ranges, made, strict=True):
                     n = max(1, math.ceil(len(data) / self.part_size))

@@ -15,7 +15,7 @@ after the other within the commit (S3 cannot publish several keys at once). Read
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from eosink.connectors.api.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
@@ -182,8 +182,8 @@ class S3Sink(TwoPhaseCommitSink):
         encode = ENCODERS[self.format]
         txns = self.txns
 
-        def bodies() -> list[bytes]:
-            return [staged.body(r.tp, encode) for r in manifest.ranges]
+        def bodies() -> Iterator[bytes]:  # one at a time: each object's part goes out once its body is made
+            return (staged.body(r.tp, encode) for r in manifest.ranges)
 
         txns.prepare(manifest, bodies, self.format)
         t = txns.timings
