@@ -56,6 +56,7 @@ class SinkTask(CycleRunner):
         #: The connector's Single Message Transforms (``transforms=...``); empty: records go as decoded.
         self.transforms = transforms or None
         self.paused = False
+        self.pause_applied = False
         self.delivered = {}
         self.lag = {}
         #: When a cycle last committed each held partition (monotonic): the freshness metric.
