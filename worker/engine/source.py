@@ -83,12 +83,6 @@ class KafkaSource(SourceProgress):
             # the queue quickly: measured here, 0.39M records/s with the default against 1.7-1.9M
             # with 10-50 ms (bench/bench_worker.py). A short back-off only re-checks the queue sooner.
             "fetch.queue.backoff.ms": 20,
-            # A fetch response carries at most this much of each partition (1 MiB by default), and librdkafka
-            # keeps one fetch in flight per broker: a new owner's first cycle, which reads a backlog before
-            # the prefetch is ahead of it, waited on a round trip every ~4,000 records of each partition and
-            # decoded at well under half the rate of the cycles after it. Larger responses keep the prefetch
-            # ahead from the start; fetch.max.bytes (50 MiB) still bounds a response over many partitions.
-            "max.partition.fetch.bytes": 8 << 20,
         }
         conf.update(overrides or {})
         conf.update(PINNED)
