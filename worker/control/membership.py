@@ -44,12 +44,9 @@ class TopicPartitions:
         ``topics.regex``; Kafka's internal ``__`` topics never match): asked anew at every assignment
         round, so a topic created later is picked up without a restart."""
         from confluent_kafka import KafkaException
-        from confluent_kafka.admin import AdminClient
 
-        if self._admin is None:
-            self._admin = AdminClient(self._config)
         try:
-            md = self._admin.list_topics(timeout=10)
+            md = self.warm().list_topics(timeout=10)
         except KafkaException as exc:
             raise RetryableError(f"cannot read topic metadata from Kafka at {self._config['bootstrap.servers']}: "
                                  f"{exc.args[0].str() if exc.args else exc}", component="kafka") from None
@@ -68,6 +65,16 @@ class TopicPartitions:
                 continue
             out |= {TopicPartition(t, p) for p in tmd.partitions}
         return out
+
+    def warm(self) -> Any:
+        """The admin client, made now if it is not yet: librdkafka connects to the cluster as it is made, in
+        the background. Made by the leader before any connector needs it, the first connector's assignment
+        round no longer waits for that connection before its metadata request."""
+        from confluent_kafka.admin import AdminClient
+
+        if self._admin is None:
+            self._admin = AdminClient(self._config)
+        return self._admin
 
     def _note_refusal(self, topic: str) -> None:
         """A named topic missing from the metadata: absent, or hidden by the ACLs? Only asking for it tells."""
@@ -138,6 +145,10 @@ class Membership:
         from kazoo.exceptions import NodeExistsError, NoNodeError
 
         zk, root = self.session.client, self.session.root
+        try:
+            self._partitions.warm()  # (before the first connector: see TopicPartitions.warm)
+        except Exception as exc:  # noqa: BLE001 - a config librdkafka refuses: the first metadata call reports it
+            log.debug("kafka_admin_not_made", error=str(exc))
         workers = zk.get_children(paths.workers(root))
         zk.ensure_path(paths.assignments(root))
         previous = {}

@@ -252,7 +252,11 @@ class Worker:
                     failures[name] = str(exc)
                     continue
             self.running[name].task.request_assignment(mine[name])
-            self.running[name].task.paused = name in desired.paused
+            task, pause = self.running[name].task, name in desired.paused
+            if pause and not task.paused:
+                task.paused = True
+                task.interrupt()  # the flush in progress commits what it has now; /status says PAUSED after it
+            task.paused = pause
         self.failures = failures
         self.status.publish({name: r.task for name, r in self.running.items()}, self.failures)
 

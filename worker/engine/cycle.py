@@ -43,6 +43,8 @@ class CycleRunner(PartitionHolder):
 
     worker_id: str
     paused: bool
+    #: ``paused`` as the task thread last saw it, between two cycles: /status says PAUSED once no cycle is in flight.
+    pause_applied: bool
     fanout: SinkFanout
     transforms: TransformChain | None
     dead_letter: TwoPhaseCommitSink | None
@@ -55,6 +57,12 @@ class CycleRunner(PartitionHolder):
     # ------------------------------------------------------------------ the cycle
     def run_cycle(self) -> CycleResult:
         with self._lock:
+            if self.paused != self.pause_applied:
+                # Between two cycles: a pause holds from here on (the cycle before it may have delivered what
+                # it read), so only now may /status say PAUSED - a record written after that is not delivered.
+                self.pause_applied = self.paused
+                if self.on_change is not None:
+                    self.on_change()
             if self.state is TaskState.FAILED or self.state is TaskState.STOPPED or self.paused:
                 return CycleResult(CycleOutcome.EMPTY)
             if self.fanout.abort_pending and not self.fanout.retry_aborts():

@@ -31,7 +31,7 @@ def status_of(task: SinkTask) -> TaskStatus:
     delivered, lag = task.delivered.copy(), task.lag.copy()
     return TaskStatus(task.state, sorted(str(tp) for tp in grants), task.trace, list(task.unresolved.values()),
                       {str(tp): delivered.get(tp, 0) for tp in grants},
-                      {str(tp): n for tp, n in lag.items() if tp in grants}, task.paused,
+                      {str(tp): n for tp, n in lag.items() if tp in grants}, task.pause_applied,
                       task.retry_timeout.describe(), {str(tp): round(s) for tp, s in stalled_of(task).items()})
 
 

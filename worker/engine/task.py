@@ -18,7 +18,7 @@ from eosink.connectors.api.errors import Outcome, outcome_of
 from eosink.connectors.api.records import TopicPartition
 from eosink.connectors.api.sink import TwoPhaseCommitSink
 from eosink.worker import metrics
-from eosink.worker.engine import snapshot
+from eosink.worker.engine import gcpause, snapshot
 from eosink.worker.engine.batch import RecordSource
 from eosink.worker.engine.cycle import CycleRunner
 from eosink.worker.engine.decision import DecisionLog
@@ -56,6 +56,7 @@ class SinkTask(CycleRunner):
         #: The connector's Single Message Transforms (``transforms=...``); empty: records go as decoded.
         self.transforms = transforms or None
         self.paused = False
+        self.pause_applied = False
         self.delivered = {}
         self.lag = {}
         #: When a cycle last committed each held partition (monotonic): the freshness metric.
@@ -118,32 +119,39 @@ class SinkTask(CycleRunner):
         structlog.contextvars.bind_contextvars(connector=self.connector)
         self.fanout.stopping = stop  # a commit being retried gives up when the worker stops
         wake = getattr(self.source, "interrupt", None)
-        while not stop.is_set():
-            if wake is not None:
-                wake.clear()
-            try:
-                desired, self._desired = self._desired, None
-                if desired is not None and self.state is not TaskState.FAILED:
-                    self.assign(desired)
-                    if self.on_change is not None:
-                        self.on_change()
-                result = self.run_cycle()
-            except Exception as exc:  # noqa: BLE001 - a bug or an unexpected failure: fail loudly
-                self._fail(exc)
-                result = CycleResult(CycleOutcome.FATAL, error=exc)
-            gave_up = self.retry_timeout.gave_up(result)  # errors.retry.timeout
-            if gave_up is not None:
-                with self._lock:
-                    self._fail(gave_up)
-            if result.outcome is CycleOutcome.EMPTY and self.state is TaskState.RUNNING:
-                self._report_lag(fresh=True)  # idle or paused: keep the lag in /status current (at most every 5 s)
-            if result.outcome is CycleOutcome.ABORTED and self.state is not TaskState.FAILED:
-                self._idle(stop, wake, self._backoff.next())  # an interrupt (ZooKeeper back, a new assignment) ends it
-            elif result.outcome is CycleOutcome.EMPTY and (
-                    self.state is not TaskState.RUNNING or not self.active_partitions()):
-                self._idle(stop, wake, min(0.5, self.settings.commit_interval_s))
-            elif self.state is TaskState.FAILED:
-                stop.wait(0.5)
+        busy = gcpause.Hold()
+        try:
+            while not stop.is_set():
+                if wake is not None:
+                    wake.clear()
+                busy.set(True)  # (held through the cycle: its own pause ends inside it)
+                try:
+                    desired, self._desired = self._desired, None
+                    if desired is not None and self.state is not TaskState.FAILED:
+                        self.assign(desired)
+                        if self.on_change is not None:
+                            self.on_change()
+                    result = self.run_cycle()
+                except Exception as exc:  # noqa: BLE001 - a bug or an unexpected failure: fail loudly
+                    self._fail(exc)
+                    result = CycleResult(CycleOutcome.FATAL, error=exc)
+                # Cycles that deliver back to back keep the collector paused between them (see gcpause.Hold).
+                busy.set(result.outcome is CycleOutcome.SUCCEEDED and result.records > 0)
+                gave_up = self.retry_timeout.gave_up(result)  # errors.retry.timeout
+                if gave_up is not None:
+                    with self._lock:
+                        self._fail(gave_up)
+                if result.outcome is CycleOutcome.EMPTY and self.state is TaskState.RUNNING:
+                    self._report_lag(fresh=True)  # idle or paused: keep the lag in /status current (at most every 5 s)
+                if result.outcome is CycleOutcome.ABORTED and self.state is not TaskState.FAILED:
+                    self._idle(stop, wake, self._backoff.next())  # an interrupt (ZooKeeper back, a new assignment) ends it
+                elif result.outcome is CycleOutcome.EMPTY and (
+                        self.state is not TaskState.RUNNING or not self.active_partitions()):
+                    self._idle(stop, wake, min(0.5, self.settings.commit_interval_s))
+                elif self.state is TaskState.FAILED:
+                    stop.wait(0.5)
+        finally:
+            busy.set(False)
         self.shutdown()
 
     @staticmethod
