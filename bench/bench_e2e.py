@@ -431,10 +431,11 @@ def drop_cluster(zk_hosts: str, cluster: str) -> None:
 def report(e2e: dict[str, Any], raw: dict[str, float] | None) -> None:
     n = e2e["records"]
     print()
-    print(f"end to end: {n:,} records, POST -> last row visible in {e2e['seconds']:.2f}s = {e2e['rate']:,.0f} records/s"
+    print(f"end to end: {n:,} records, POST -> last row visible in {e2e['seconds']:.2f}s"
+          + (f" (the last commit's log line; the poll saw it at {e2e['polled_s']:.2f}s)" if e2e.get("end_by") == "commit" else "")
+          + f" = {e2e['rate']:,.0f} records/s"
           + (f" = {e2e['rate'] / raw['rate']:.0%} of raw COPY" if raw else "")
-          + f"; first rows visible at {e2e['first_row_s'] or 0:.2f}s"
-          + (f" (the last commit's log line; the poll saw it at {e2e['polled_s']:.2f}s)" if e2e.get("end_by") == "commit" else ""))
+          + f"; first rows visible at {e2e['first_row_s'] or 0:.2f}s")
     print(f"  worker: peak RSS {e2e['peak_rss_mb']:.0f} MB (VmHWM), CPU {e2e['cpu_s']:.1f}s "
           f"({e2e['cpu_s'] / n * 1e6:.1f} us/record, {e2e['cpu_s'] / e2e['seconds']:.0%} of one core); "
           f"the machine's {os.cpu_count()} CPUs were {e2e.get('machine_busy', 0):.0%} busy (every process)")
