@@ -2,13 +2,19 @@
 
 Layout under ``file.path``/<connector>/::
 
-    prepared/<txn>.jsonl           the batch, fsynced, invisible to readers
-    prepared/<txn>.manifest.json   what recovery needs (partitions, offsets, epochs)
+    prepared/<txn>.manifest.json   what recovery needs (partitions, offsets, epochs), written first
+    prepared/<txn>.jsonl           the batch, fsynced, invisible to readers: the txn is prepared once it is here
     committed/<txn>.jsonl          visible: readers read only committed/*.jsonl
     epochs/<topic>-<partition>     highest epoch committed per partition (the resource fence)
 
 ``commit`` is one ``rename(2)`` of the data file (atomic on POSIX) followed by an fsync of the
 directory, so a crash leaves a batch either prepared or committed, never both and never half.
+
+The manifest goes before the data so that a prepare killed part way always leaves a file naming its
+partitions: a manifest whose data is neither prepared nor committed is a prepare that never finished,
+and :meth:`FilesystemSink.discard_unprepared` removes it (with its half-written data) as soon as a
+newer epoch holds one of those partitions. Data with no manifest beside it names nothing and is
+removed once it is older than any live write (``ORPHAN_TMP_S``).
 Each line: ``{"topic","partition","offset","key","id","value"}`` with ``value`` the record's
 JSON as it was on the topic (not re-encoded; on one line even when the topic's JSON was
 pretty-printed: see :mod:`eosink.connectors.common.jsonlines`), so ``jq`` reads it and the sink
@@ -38,9 +44,10 @@ _DATA = ".jsonl"
 _MANIFEST = ".manifest.json"
 #: Records encoded and written at a time (see write_durably).
 _SLICE = 20_000
-#: A ``*.tmp`` file untouched this long was left by a writer killed mid-write (a live write touches
-#: it with every slice, and a write that resumes later fails at its rename): recovery removes it,
-#: so a crash does not keep the space of a half-written batch, on a full disk least of all.
+#: A ``*.tmp`` file (or data without its manifest) untouched this long was left by a writer killed
+#: mid-write (a live write touches it with every slice, and a write that resumes later fails at its
+#: rename): recovery removes it, so a crash does not keep the space of a half-written batch, on a
+#: full disk least of all.
 ORPHAN_TMP_S = 900.0
 
 
@@ -86,19 +93,20 @@ class FilesystemSink(BatchingSink):
     def prepare_batch(self, manifest: TxnManifest, records: list[SinkRecord]) -> None:
         name = _safe_name(manifest.txn_id)
         data_path = self.prepared_dir / (name + _DATA)
-        if (self.committed_dir / (name + _DATA)).exists() or data_path.exists() and (self.prepared_dir / (name + _MANIFEST)).exists():
+        manifest_path = self.prepared_dir / (name + _MANIFEST)
+        if (self.committed_dir / (name + _DATA)).exists() or data_path.exists() and manifest_path.exists():
             return  # already prepared or committed: idempotent
         self._check_epochs(manifest)
         try:
+            self._write(manifest_path, manifest.to_json().encode())  # first: see the module's docstring
             write_durably(data_path, (self._encode(records[i:i + _SLICE]) for i in range(0, len(records), _SLICE)),
                           fsync=self.fsync)
-            self._write(self.prepared_dir / (name + _MANIFEST), manifest.to_json().encode())
             if self.fsync:
                 _fsync_dir(self.prepared_dir)
         except OSError as exc:
             with contextlib.suppress(OSError):  # nothing half-prepared stays: the space goes back at once
                 data_path.unlink(missing_ok=True)
-                (self.prepared_dir / (name + _MANIFEST)).unlink(missing_ok=True)
+                manifest_path.unlink(missing_ok=True)
             raise self._error(f"prepare {manifest.txn_id}", exc) from exc
 
     def _write(self, path: Path, data: bytes) -> None:
@@ -168,33 +176,66 @@ class FilesystemSink(BatchingSink):
         name = _safe_name(txn_id)
         self._batch = [] if self._txn_id == txn_id else self._batch
         try:
-            for suffix in (_DATA, _MANIFEST, _DATA + ".tmp", _MANIFEST + ".tmp"):
+            for suffix in (_DATA, _DATA + ".tmp", _MANIFEST, _MANIFEST + ".tmp"):  # the manifest last, as written first
                 (self.prepared_dir / (name + suffix)).unlink(missing_ok=True)
         except OSError as exc:
             raise self._error(f"abort {txn_id}", exc) from exc
 
     def recover(self) -> list[TxnManifest]:
+        """The prepared txns: a manifest with its data beside it.
+
+        A manifest whose data was committed is the last step of a commit that was cut short: it goes. One
+        whose data is nowhere is a prepare that has not finished, in flight or dead: it stays for
+        :meth:`discard_unprepared`, which alone knows whether its writer can still commit."""
         out: list[TxnManifest] = []
         try:
-            for path in sorted(self.prepared_dir.glob("*" + _MANIFEST)):
-                data = path.with_name(path.name[: -len(_MANIFEST)] + _DATA)
-                if data.exists():
-                    out.append(TxnManifest.from_json(path.read_bytes(), str(path)))
-                else:
-                    path.unlink(missing_ok=True)  # committed or aborted after the data moved
+            for path, stem in self._manifests():
+                if (self.prepared_dir / (stem + _DATA)).exists():
+                    out.append(self._read_manifest(path))
+                elif (self.committed_dir / (stem + _DATA)).exists():
+                    path.unlink(missing_ok=True)
             self._remove_orphans(time.time() - ORPHAN_TMP_S)
-        except (OSError, ValueError) as exc:
-            if isinstance(exc, OSError):
-                raise self._error("recover", exc) from exc
-            raise RetryableError(f"recover failed: {exc}", component="filesystem") from exc
+        except OSError as exc:
+            raise self._error("recover", exc) from exc
         return out
 
+    def discard_unprepared(self, partitions: frozenset[TopicPartition]) -> None:
+        """Remove the manifest and half-written data of every prepare that died before its data was in place
+        and that covers one of ``partitions``: their writer is dead or fenced, so it can never commit."""
+        try:
+            for path, stem in self._manifests():
+                if (self.prepared_dir / (stem + _DATA)).exists() or (self.committed_dir / (stem + _DATA)).exists():
+                    continue
+                try:
+                    manifest = self._read_manifest(path)
+                except FileNotFoundError:
+                    continue  # aborted or discarded meanwhile
+                if manifest.partitions & partitions:
+                    (self.prepared_dir / (stem + _DATA + ".tmp")).unlink(missing_ok=True)
+                    path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise self._error("discarding unprepared txns", exc) from exc
+
+    def _manifests(self) -> list[tuple[Path, str]]:
+        """Each manifest in prepared/, with its txn's file stem."""
+        return [(p, p.name[: -len(_MANIFEST)]) for p in sorted(self.prepared_dir.glob("*" + _MANIFEST))]
+
+    @staticmethod
+    def _read_manifest(path: Path) -> TxnManifest:
+        try:
+            return TxnManifest.from_json(path.read_bytes(), str(path))
+        except ValueError as exc:
+            raise RetryableError(f"recover failed: {exc}", component="filesystem") from exc
+
     def _remove_orphans(self, cutoff: float) -> None:
-        for d in (self.prepared_dir, self.epochs_dir):
-            for path in d.glob("*.tmp"):
-                with contextlib.suppress(FileNotFoundError):  # its writer finished or another recovery won
-                    if path.stat().st_mtime < cutoff:
-                        path.unlink()
+        """Temporary files, and data that no manifest names, untouched since ``cutoff``."""
+        stale = [*self.prepared_dir.glob("*.tmp"), *self.epochs_dir.glob("*.tmp")]
+        stale += [p for p in self.prepared_dir.glob("*" + _DATA)
+                  if not p.with_name(p.name[: -len(_DATA)] + _MANIFEST).exists()]
+        for path in stale:
+            with contextlib.suppress(FileNotFoundError):  # its writer finished or another recovery won
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
 
     # -- for tests and the demo: what a reader sees ---------------------------------------
     def read_committed(self) -> list[dict[str, Any]]:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from eosink.connectors.api.errors import ConfigError, RetryableError
-from eosink.connectors.api.records import SinkRecord
+from eosink.connectors.api.records import SinkRecord, TopicPartition
 from eosink.connectors.common.durable import describe_os_error
 from eosink.connectors.filesystem import ORPHAN_TMP_S, FilesystemSink
 from tests.diskkit import Filler, volume
@@ -96,7 +99,7 @@ def test_prepare_on_a_full_volume_is_retryable_names_the_path_and_leaves_no_half
             prepare(sink, "c.w.1.1", recs)
         message = str(err.value)
         assert "disk full" in message and str(vol.path) in message, message
-        assert str(sink.prepared_dir / "c.w.1.1.jsonl") in message, message
+        assert str(sink.prepared_dir / "c.w.1.1.") in message, message  # the txn's manifest or data, whichever hit it
         assert _leftovers(sink) == [], "a half-written prepared file stayed on the full volume"
         assert sink.recover() == []
         sink.abort("c.w.1.1")
@@ -149,3 +152,64 @@ def test_recovery_removes_the_half_written_files_of_a_writer_killed_mid_write_bu
     assert sink.recover() == []
     assert not killed.exists() and not fence.exists()
     assert writing.exists(), "recovery removed the file of a write in progress"
+
+
+_KILLED_MID_PREPARE = """
+import os, signal, sys
+from eosink.connectors.filesystem import FilesystemSink
+from tests.sinkkit import prepare, records
+
+sink = FilesystemSink("c", {"file.path": sys.argv[1]})
+sink.open()
+encode = sink._encode
+slices = 0
+
+def killed_at_the_second_slice(recs):
+    global slices
+    slices += 1
+    if slices == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return encode(recs)
+
+sink._encode = killed_at_the_second_slice
+prepare(sink, sys.argv[2], records("t", [{"id": i} for i in range(50_000)], partition=int(sys.argv[3])), epoch=1)
+"""
+
+
+def test_prepare_sigkilled_mid_write_is_discarded_once_a_newer_epoch_holds_its_partition(tmp_path):
+    """A writer killed inside pre_commit leaves files no recover() names; the next owner removes them.
+
+    A second prepare, of another partition and killed the same way, stands for a live writer elsewhere:
+    it is left alone until its own partition is acquired."""
+    for txn, partition in (("c.w1.1.7", 0), ("c.w2.1.3", 1)):
+        proc = subprocess.run([sys.executable, "-c", _KILLED_MID_PREPARE, str(tmp_path), txn, str(partition)],
+                              cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+    sink = FilesystemSink("c", {"file.path": str(tmp_path)})
+    sink.open()
+    left = sorted(p.name for p in sink.prepared_dir.iterdir())
+    assert left == ["c.w1.1.7.jsonl.tmp", "c.w1.1.7.manifest.json", "c.w2.1.3.jsonl.tmp", "c.w2.1.3.manifest.json"]
+    assert sink.recover() == [], "a txn whose data never landed is not prepared"
+    sink.discard_unprepared(frozenset({TopicPartition("t", 0)}))
+    assert sorted(p.name for p in sink.prepared_dir.iterdir()) == ["c.w2.1.3.jsonl.tmp", "c.w2.1.3.manifest.json"]
+    sink.discard_unprepared(frozenset({TopicPartition("t", 1)}))
+    assert list(sink.prepared_dir.iterdir()) == []
+    assert sink.read_committed() == []
+
+
+def test_manifest_left_by_a_commit_cut_short_goes_and_data_without_a_manifest_goes_once_stale(tmp_path):
+    sink = FilesystemSink("c", {"file.path": str(tmp_path)})
+    sink.open()
+    recs = [SinkRecord("t", 0, i, None, {"id": i}, json.dumps({"id": i}).encode()) for i in range(3)]
+    prepare(sink, "c.w.1.1", recs)
+    manifest = (sink.prepared_dir / "c.w.1.1.manifest.json").read_bytes()
+    sink.commit("c.w.1.1")
+    (sink.prepared_dir / "c.w.1.1.manifest.json").write_bytes(manifest)  # killed before the manifest went
+    orphan = sink.prepared_dir / "c.w.2.1.jsonl"
+    orphan.write_bytes(b'{"id": 9}\n')
+    assert sink.recover() == []
+    assert sorted(p.name for p in sink.prepared_dir.iterdir()) == ["c.w.2.1.jsonl"], "not yet stale: kept"
+    old = time.time() - ORPHAN_TMP_S - 60
+    os.utime(orphan, (old, old))
+    assert sink.recover() == [] and list(sink.prepared_dir.iterdir()) == []
+    assert [r["value"]["id"] for r in sink.read_committed()] == [0, 1, 2]
