@@ -1,8 +1,8 @@
 """A PostgreSQL that is full (SQLSTATE 53300): retried with a status naming the database and the limit.
 
 A private PostgreSQL with ``max_connections = 8`` (the shared stack's is never touched): first one
-sink meets it full, then real workers run connectors while other clients hold all its slots but
-one, and a producer publishes. Every connector shows in ``GET /connectors/<name>/status`` as
+sink meets it full, then real workers run connectors while other clients hold all its slots, and
+a producer publishes. Every connector shows in ``GET /connectors/<name>/status`` as
 retrying, naming ``host:port/dbname`` and ``max_connections``; once the other clients go, every
 connector delivers every committed id exactly once through the workers' pools (4 slots for 5
 connectors on 2 workers), no task failed and no prepared transaction is left.
@@ -116,15 +116,15 @@ def test_postgres_out_of_connections_is_retried_with_a_status_naming_the_databas
         small_pg: PrivateStack, stack: Any, unique: str, make_topic: Any, tmp_path: Any) -> None:
     dsn = small_pg.endpoints().postgres_dsn
     topic = make_topic(PARTITIONS)
-    # 5 connectors of one task on 2 workers; other clients hold all of the server's slots but one, and
-    # a cycle needs two at once (an autocommit and a two-phase connection): nothing can deliver.
+    # 5 connectors of one task on 2 workers; other clients hold all of the server's slots: nothing can
+    # deliver (one free slot would let a cycle through now and then, prepared and committed over one
+    # connection in turn, which clears its connector's retrying status).
     names = [f"{unique}_{i}".replace("_", "-") for i in range(5)]
     for name in names:
         register(stack.zookeeper_hosts, unique, name, {
             "connector.class": "postgres", "topics": topic, "connection.url": "${env:EOSINK_PG_DSN}",
             "table.name.format": name.replace("-", "_"), "commit.interval.ms": "250"})
     held = _fill(dsn)
-    held.pop().close()
     ends = type("Endpoints", (), {"kafka_bootstrap": stack.kafka_bootstrap, "zookeeper_hosts": stack.zookeeper_hosts,
                                   "postgres_dsn": dsn})()
     # Pools sized to the server, as the docs ask (workers x --postgres-pool-size within its free slots): a busy
