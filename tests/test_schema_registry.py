@@ -361,7 +361,7 @@ def test_an_avro_schema_that_references_another_subject_decodes_with_the_referen
         {"name": "currency", "type": "string"}]}
     payment = {"type": "record", "name": "Payment", "namespace": "shop", "fields": [
         {"name": "id", "type": "long"}, {"name": "amount", "type": "shop.Money"}, {"name": "fee", "type": "shop.Money"}]}
-    client = SchemaRegistryClient({"url": registry.url})
+    client = SchemaRegistryClient({"url": registry.url, "timeout": 30})
     money_subject = f"{unique}-money"
     client.register_schema(money_subject, Schema(json.dumps(money), "AVRO"))
     version = client.get_latest_version(money_subject).version

@@ -85,7 +85,7 @@ def test_avro_outbox_rows_round_trip_through_the_registry_exactly(
     again = publish(spark, stack, orders(spark, n), topic, unique, registry.url, run_id="r2")  # looks the schema up
     assert again.records == n
 
-    client = SchemaRegistryClient({"url": registry.url})
+    client = SchemaRegistryClient({"url": registry.url, "timeout": 30})
     latest = client.get_latest_version(f"{topic}-value")
     fields = {f["name"]: f["type"] for f in json.loads(latest.schema.schema_str)["fields"]}
     assert fields["amount"] == ["null", {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}]
@@ -113,7 +113,7 @@ def test_avro_outbox_arrays_maps_dates_and_the_small_types_round_trip_exactly(
     assert publish(spark, stack, more_types(spark, n), topic, unique, registry.url).records == n
     records = read_topic(stack.kafka_bootstrap, topic)
     assert_exactly_once(records, [str(i) for i in range(n)])
-    decode = AvroDeserializer(SchemaRegistryClient({"url": registry.url}))
+    decode = AvroDeserializer(SchemaRegistryClient({"url": registry.url, "timeout": 30}))
     ctx = SerializationContext(topic, MessageField.VALUE)
     for r in records:
         assert decode(r.value, ctx) == expected_more(int(r.key or -1)), r.key
@@ -183,7 +183,7 @@ def test_avro_outbox_with_an_incompatible_schema_is_refused_naming_the_subject(
 
     topic = make_topic(1)
     subject = f"{topic}-value"
-    client = SchemaRegistryClient({"url": registry.url})
+    client = SchemaRegistryClient({"url": registry.url, "timeout": 30})
     client.set_compatibility(subject, "BACKWARD")
     earlier = {"type": "record", "name": record_name(topic), "namespace": "eosink.outbox",
                "fields": [{"name": "id", "type": "string"}, {"name": "name", "type": "string"}]}
@@ -204,7 +204,7 @@ def test_avro_outbox_of_a_type_without_avro_mapping_is_refused_naming_the_column
     assert isinstance(err, UnsupportedTypeError) and err.column == "sla.wait" and "interval" in str(err), err
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    assert f"{topic}-value" not in SchemaRegistryClient({"url": registry.url}).get_subjects(), "registered anyway"
+    assert f"{topic}-value" not in SchemaRegistryClient({"url": registry.url, "timeout": 30}).get_subjects(), "registered anyway"
 
 
 def test_avro_outbox_stream_publishes_every_micro_batch_once_under_one_schema_id(
@@ -231,7 +231,7 @@ def test_avro_outbox_stream_publishes_every_micro_batch_once_under_one_schema_id
 
     records = read_topic(stack.kafka_bootstrap, outbox)
     assert_exactly_once(records, [f"k-{i:06d}" for i in range(n)])
-    client = SchemaRegistryClient({"url": registry.url})
+    client = SchemaRegistryClient({"url": registry.url, "timeout": 30})
     assert {int.from_bytes(r.value[1:5], "big") for r in records if r.value} == {
         client.get_latest_version(f"{outbox}-value").schema_id}
     decode, ctx = AvroDeserializer(client), SerializationContext(outbox, MessageField.VALUE)

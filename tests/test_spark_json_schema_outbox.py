@@ -62,7 +62,7 @@ def test_json_schema_outbox_rows_round_trip_through_the_registry_and_validate(
 
     topic, n = make_topic(2), 40
     assert publish(stack, rows(spark, n), topic, unique, registry.url).records == n
-    client = SchemaRegistryClient({"url": registry.url})
+    client = SchemaRegistryClient({"url": registry.url, "timeout": 30})
     latest = client.get_latest_version(f"{topic}-value")
     assert latest.schema.schema_type == "JSON"
     doc = json.loads(latest.schema.schema_str)
@@ -122,7 +122,7 @@ def test_json_schema_outbox_of_a_decimal_is_refused_naming_the_column(
         publish(stack, df, topic, unique, registry.url)
     assert err.value.column == "sum.amount" and "format='avro'" in str(err.value), err.value
     assert read_topic(stack.kafka_bootstrap, topic) == [] and ledger(stack.kafka_bootstrap, unique, "r1") == {}
-    assert f"{topic}-value" not in SchemaRegistryClient({"url": registry.url}).get_subjects(), "registered anyway"
+    assert f"{topic}-value" not in SchemaRegistryClient({"url": registry.url, "timeout": 30}).get_subjects(), "registered anyway"
 
 
 def test_json_schema_outbox_adding_a_nullable_column_is_a_compatible_new_version(
@@ -131,7 +131,7 @@ def test_json_schema_outbox_adding_a_nullable_column_is_a_compatible_new_version
 
     topic = make_topic(1)
     subject = f"{topic}-value"
-    client = SchemaRegistryClient({"url": registry.url})
+    client = SchemaRegistryClient({"url": registry.url, "timeout": 30})
     client.set_compatibility(subject, "BACKWARD")
     assert publish(stack, rows(spark, 5).select("id", "name"), topic, unique, registry.url).records == 5
     assert publish(stack, rows(spark, 5).select("id", "name", "note"), topic, unique, registry.url, "r2").records == 5
