@@ -253,10 +253,10 @@ class Worker:
                     continue
             self.running[name].task.request_assignment(mine[name])
             task, pause = self.running[name].task, name in desired.paused
-            if pause and not task.paused:
-                task.paused = True
-                task.interrupt()  # the flush in progress commits what it has now; /status says PAUSED after it
+            newly_paused = pause and not task.paused
             task.paused = pause
+            if newly_paused:
+                task.interrupt()  # the flush in progress commits what it has now; /status says PAUSED after it
         self.failures = failures
         self.status.publish({name: r.task for name, r in self.running.items()}, self.failures)
 
