@@ -132,7 +132,17 @@ class WorkerContainers:
         raise FatalError(f"{self.name(worker)} not ready within {timeout:.0f} s: {self.logs(worker)[-2000:]}", component="container-demo")
 
     def state(self, worker: str) -> str:
-        return _out(self.engine.cmd("inspect", "--format", "{{.State.Status}}", self.name(worker))).strip()
+        """The container's state: ``running``, ``exited``, ...
+
+        Podman reads ``stopped`` for a moment between a container's process ending and its cleanup
+        (exit code, mounts) being done, then ``exited``: that moment is waited out (up to 10 s), so a
+        container that has ended reads ``exited``, as docker reports it."""
+        deadline = time.monotonic() + 10
+        while True:
+            state = _out(self.engine.cmd("inspect", "--format", "{{.State.Status}}", self.name(worker))).strip()
+            if state != "stopped" or time.monotonic() > deadline:
+                return state
+            time.sleep(0.2)
 
     def exit_code(self, worker: str) -> int:
         return int(_out(self.engine.cmd("inspect", "--format", "{{.State.ExitCode}}", self.name(worker))).strip())
