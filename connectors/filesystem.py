@@ -15,6 +15,7 @@ partitions: a manifest whose data is neither prepared nor committed is a prepare
 and :meth:`FilesystemSink.discard_unprepared` removes it (with its half-written data) as soon as a
 newer epoch holds one of those partitions. Data with no manifest beside it names nothing and is
 removed once it is older than any live write (``ORPHAN_TMP_S``).
+
 Each line: ``{"topic","partition","offset","key","id","value"}`` with ``value`` the record's
 JSON as it was on the topic (not re-encoded; on one line even when the topic's JSON was
 pretty-printed: see :mod:`eosink.connectors.common.jsonlines`), so ``jq`` reads it and the sink
